@@ -1,0 +1,147 @@
+"""fairseq ``MultiheadAttention`` with a gate per head and physically removable heads."""
+
+from typing import Dict, Optional, Sequence
+
+import torch
+import torch.nn as nn
+from fairseq.modules import MultiheadAttention
+from fairseq.modules.quant_noise import quant_noise
+from torch import Tensor
+
+from fairseq_headprune.errors import HeadPruneError
+from fairseq_headprune.gated_linear import Gate, HeadGatedLinear
+
+
+class MaskedMultiheadAttention(MultiheadAttention):
+    """Multi-head attention whose heads can be gated (masked) and removed.
+
+    A gate multiplies each head's context before ``out_proj`` (Michel et al. 2019, eq. 2); see
+    :class:`HeadGatedLinear`. With no gate set and no head removed, :meth:`forward` is exactly
+    fairseq's, fused fast path included, so the model costs what the stock ``transformer`` costs.
+    Setting a gate or removing a head switches to fairseq's own unfused path, which the gate
+    reaches in every case: training, static encoder keys and incremental (beam search) decoding.
+
+    Removing heads slices the rows of ``q_proj``/``k_proj``/``v_proj`` and the columns of
+    ``out_proj`` (fairseq's ``_adaptive_prune_heads`` does the same but leaves
+    ``out_proj.in_features`` stale and fails on an empty list, so it is not used). The buffer
+    ``kept_heads`` records which of the original heads remain, 0-based, in order; it is saved in the
+    state dict, so a checkpoint describes its own layout, and :meth:`upgrade_state_dict_named`
+    reshapes the module to the layout of the checkpoint being loaded. A module with zero heads
+    returns ``out_proj.bias`` for every position, exactly what all gates at 0 give.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, **kwargs):
+        if kwargs.get("xformers_att_config"):
+            raise HeadPruneError("transformer_headprune does not support --*-xformers-att-config.")
+        super().__init__(embed_dim, num_heads, **kwargs)
+        stock = self.out_proj
+        gated = HeadGatedLinear(
+            stock.in_features, stock.out_features, self.head_dim,
+            bias=stock.bias is not None, device="meta",  # no second random init
+        )
+        gated.weight, gated.bias = stock.weight, stock.bias
+        self.out_proj = quant_noise(gated, kwargs.get("q_noise", 0.0), kwargs.get("qn_block_size", 8))
+        self.original_num_heads = num_heads
+        self.register_buffer("kept_heads", torch.arange(num_heads))
+
+    # fairseq takes F.multi_head_attention_forward, which bypasses out_proj (and so the gate) and
+    # needs embed_dim == num_heads * head_dim, unless this flag is set.
+    @property
+    def skip_embed_dim_check(self) -> bool:
+        return (
+            self._skip_embed_dim_check
+            or self.out_proj.gate is not None
+            or self.num_heads != self.original_num_heads
+        )
+
+    @skip_embed_dim_check.setter
+    def skip_embed_dim_check(self, value: bool):
+        self._skip_embed_dim_check = value
+
+    @property
+    def head_gate(self) -> Gate:
+        """The gate on this module's heads (see :class:`HeadGatedLinear`), one entry per kept head."""
+        return self.out_proj.gate
+
+    @head_gate.setter
+    def head_gate(self, gate: Gate):
+        self.out_proj.gate = gate
+
+    def set_kept_heads(self, kept: Sequence[int]):
+        """Reshape the module to hold exactly the original heads ``kept`` (0-based, ascending).
+
+        Weights of heads the module already holds move to their new place; a head it does not hold
+        gets zeros (only used when a checkpoint with more heads is about to be loaded). Any gate
+        is cleared, since its length no longer matches.
+
+        Args:
+            kept: original head indices to hold, each in ``range(original_num_heads)``.
+        """
+        kept = torch.as_tensor(sorted(set(int(h) for h in kept)), dtype=torch.long)
+        if len(kept) and (kept[0] < 0 or kept[-1] >= self.original_num_heads):
+            raise HeadPruneError(
+                f"head index {int(kept[-1]) + 1} is out of range: this attention has "
+                f"{self.original_num_heads} heads."
+            )
+        d = self.head_dim
+        position = {int(h): i for i, h in enumerate(self.kept_heads.tolist())}
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            proj.weight = self._moved(proj.weight, kept, position, dim=0)
+            if proj.bias is not None:
+                proj.bias = self._moved(proj.bias, kept, position, dim=0)
+            proj.out_features = len(kept) * d
+        for name in ("bias_k", "bias_v"):
+            if getattr(self, name) is not None:
+                setattr(self, name, self._moved(getattr(self, name), kept, position, dim=2))
+        self.out_proj.weight = self._moved(self.out_proj.weight, kept, position, dim=1)
+        self.out_proj.in_features = len(kept) * d
+        self.kept_heads = kept.to(self.kept_heads.device)
+        self.num_heads = len(kept)
+        self.embed_dim = len(kept) * d
+        self.head_gate = None
+
+    def _moved(self, param: Tensor, kept: Tensor, position: Dict[int, int], dim: int):
+        d = self.head_dim
+        shape = list(param.shape)
+        shape[dim] = len(kept) * d
+        new = param.new_zeros(shape)
+        for i, h in enumerate(kept.tolist()):
+            if h in position:
+                src = param.narrow(dim, position[h] * d, d)
+                new.narrow(dim, i * d, d).copy_(src.detach())
+        return nn.Parameter(new, requires_grad=param.requires_grad)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ):
+        if self.num_heads == 0:
+            tgt_len, bsz, _ = query.size()
+            return self.out_proj(query.new_zeros(tgt_len, bsz, 0)), None  # T x B x C: the bias
+        return super().forward(
+            query, key, value, key_padding_mask=key_padding_mask,
+            incremental_state=incremental_state, need_weights=need_weights,
+            static_kv=static_kv, attn_mask=attn_mask, before_softmax=before_softmax,
+            need_head_weights=need_head_weights,
+        )
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Add ``kept_heads`` to stock checkpoints and adopt the layout of pruned ones."""
+        super().upgrade_state_dict_named(state_dict, name)
+        prefix = name + "." if name else ""
+        key = prefix + "kept_heads"
+        if key not in state_dict:
+            q_rows = state_dict[prefix + "q_proj.weight"].size(0)
+            state_dict[key] = torch.arange(q_rows // self.head_dim)
+        kept = state_dict[key].tolist()
+        if kept != self.kept_heads.tolist():
+            self.set_kept_heads(kept)

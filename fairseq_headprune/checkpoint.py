@@ -1,0 +1,101 @@
+"""Reading, checking and writing fairseq checkpoints without building a model or a task."""
+
+import logging
+import os
+from argparse import Namespace
+from typing import Dict
+
+import torch
+from fairseq import checkpoint_utils
+from fairseq.models import ARCH_MODEL_REGISTRY
+from omegaconf import OmegaConf
+
+from fairseq_headprune import register  # noqa: F401  (allow-lists checkpoint classes, registers)
+from fairseq_headprune.errors import HeadPruneError
+from fairseq_headprune.io import atomic_path
+from fairseq_headprune.layout import HeadLayout
+from fairseq_headprune.model import HeadPruneTransformerModel
+
+logger = logging.getLogger(__name__)
+
+_BUFFER_SUFFIXES = ("version", "_float_tensor", "kept_heads")
+
+
+def load_checkpoint(path: str) -> dict:
+    """Load a fairseq checkpoint to CPU with fairseq's own upgrades, or fail in one sentence."""
+    if not os.path.isfile(path):
+        raise HeadPruneError(f"checkpoint {path} does not exist.")
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(path)
+    except Exception as err:  # torch raises many types for a bad file
+        raise HeadPruneError(
+            f"{path} is not a readable fairseq checkpoint (truncated or corrupt?): "
+            f"{str(err).splitlines()[0] if str(err) else type(err).__name__}.") from err
+    if not isinstance(state, dict) or "model" not in state or model_args(state) is None:
+        raise HeadPruneError(f"{path} is not a fairseq checkpoint: it has no model and model options.")
+    return state
+
+
+def model_args(state: dict):
+    """The model options (an ``argparse.Namespace`` for legacy models) of a loaded checkpoint."""
+    cfg = state.get("cfg")
+    if cfg is not None and cfg.get("model") is not None:
+        return cfg["model"]
+    return state.get("args")
+
+
+def model_class(state: dict):
+    args = model_args(state)
+    arch = getattr(args, "arch", None) or getattr(args, "_name", None)
+    return arch, ARCH_MODEL_REGISTRY.get(arch)
+
+
+def require_headprune(state: dict, path: str) -> Namespace:
+    """Check that ``state`` holds a ``transformer_headprune`` model; return its options."""
+    arch, cls = model_class(state)
+    if cls is not HeadPruneTransformerModel:
+        hint = (" Convert it first with 'fairseq-headprune convert'."
+                if cls is not None and issubclass(cls, HeadPruneTransformerModel.__mro__[1]) else "")
+        raise HeadPruneError(
+            f"{path} holds a '{arch}' model, not a transformer_headprune model.{hint}")
+    return model_args(state)
+
+
+def original_heads(args) -> Dict[str, int]:
+    return {"E": args.encoder_attention_heads, "D": args.decoder_attention_heads,
+            "A": args.decoder_attention_heads}
+
+
+def checkpoint_layout(state: dict) -> HeadLayout:
+    """The head layout recorded in a ``transformer_headprune`` checkpoint's ``kept_heads`` buffers."""
+    return HeadLayout.from_state_dict(state["model"], original_heads(model_args(state)))
+
+
+def count_parameters(state_dict: Dict[str, torch.Tensor]) -> int:
+    """Number of model parameters in a state dict (shared tensors once, buffers excluded)."""
+    seen, total = set(), 0
+    for key, tensor in state_dict.items():
+        if key.endswith(_BUFFER_SUFFIXES) or not tensor.is_floating_point():
+            continue
+        ptr = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if ptr not in seen:
+            seen.add(ptr)
+            total += tensor.numel()
+    return total
+
+
+def save_checkpoint(state: dict, path: str):
+    """Write a checkpoint atomically in the form fairseq itself writes (``cfg`` as a container)."""
+    state = dict(state)
+    if OmegaConf.is_config(state.get("cfg")):
+        state["cfg"] = OmegaConf.to_container(state["cfg"], resolve=True, enum_to_str=True)
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def strip_training_state(state: dict):
+    """Drop the optimizer state, which no longer matches the parameters' shapes.
+
+    ``optimizer_history`` (names, lr-scheduler state, update count) stays: fairseq's loader needs it.
+    """
+    state["last_optimizer_state"] = None

@@ -1,0 +1,72 @@
+"""The ``transformer_headprune`` model: fairseq's ``transformer`` with a gate on every head.
+
+Registered architectures mirror the stock ones: ``transformer_headprune`` (base),
+``transformer_headprune_iwslt_de_en``, ``transformer_headprune_wmt_en_de``,
+``transformer_headprune_vaswani_wmt_en_de_big`` and ``transformer_headprune_vaswani_wmt_en_fr_big``.
+With all gates open its outputs equal the stock model with the same weights.
+"""
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerModel,
+    base_architecture,
+    transformer_iwslt_de_en,
+    transformer_vaswani_wmt_en_de_big,
+    transformer_vaswani_wmt_en_fr_big,
+    transformer_wmt_en_de,
+)
+
+from fairseq_headprune.layers import HeadPruneDecoder, HeadPruneEncoder
+from fairseq_headprune.layout import HeadLayout
+
+ARCH = "transformer_headprune"
+
+
+@register_model(ARCH)
+class HeadPruneTransformerModel(TransformerModel):
+    """Transformer (Vaswani et al. 2017) whose encoder self, decoder self and encoder-decoder
+    attention heads can each be gated and physically removed (see ``MaskedMultiheadAttention``).
+
+    The head layout is saved twice: as the ``--head-layout`` model option and, authoritatively, as
+    each attention module's ``kept_heads`` buffer. Loading a state dict reshapes the modules to the
+    buffers' layout, so ``fairseq-train --restore-file pruned.pt`` needs no layout on the command
+    line.
+    """
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        parser.add_argument(
+            "--head-layout", type=str, metavar="JSON",
+            help="kept heads per attention type and layer, as written by 'fairseq-headprune "
+                 "prune' (default: all heads)",
+        )
+
+    @classmethod
+    def build_model(cls, args, task):
+        model = super().build_model(args, task)
+        if getattr(args, "head_layout", None):
+            HeadLayout.from_json(args.head_layout).apply(model)
+        return model
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return HeadPruneEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return HeadPruneDecoder(cfg, tgt_dict, embed_tokens,
+                                no_encoder_attn=cfg.no_cross_attention)
+
+
+def _register(name, stock_arch):
+    register_model_architecture(ARCH, name)(stock_arch)
+
+
+_register(ARCH, base_architecture)
+_register(ARCH + "_iwslt_de_en", transformer_iwslt_de_en)
+_register(ARCH + "_wmt_en_de", transformer_wmt_en_de)
+_register(ARCH + "_vaswani_wmt_en_de_big", transformer_vaswani_wmt_en_de_big)
+_register(ARCH + "_vaswani_wmt_en_fr_big", transformer_vaswani_wmt_en_fr_big)

@@ -1,0 +1,7 @@
+"""Everything the plugin registers with fairseq; ``user_dir/__init__.py`` imports this module."""
+
+from fairseq_headprune.compat import allow_fairseq_checkpoint_globals
+
+allow_fairseq_checkpoint_globals()
+
+from fairseq_headprune import model  # noqa: E402,F401  (registers transformer_headprune*)

@@ -1,0 +1,75 @@
+"""Physical head removal on a checkpoint's state dict (the destructive step; masking is reversible).
+
+Head h of a fairseq attention module owns rows ``h*d:(h+1)*d`` of ``q_proj``, ``k_proj`` and
+``v_proj`` (weight and bias) and the same columns of ``out_proj.weight``; removing it deletes them
+and the head's entry in ``kept_heads``. ``out_proj.bias`` stays. Per-head tensors of a learned gate
+(``out_proj.gate.*``, one entry per kept head) are sliced the same way.
+"""
+
+import logging
+from typing import Dict, List
+
+import torch
+
+from fairseq_headprune.layout import HeadLayout, module_prefix
+from fairseq_headprune.spec import HeadSpec, check_spec
+
+logger = logging.getLogger(__name__)
+
+_ROW_SLICED = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias",
+               "v_proj.weight", "v_proj.bias")
+
+
+def _index(keep: List[int], head_dim: int) -> torch.Tensor:
+    return torch.tensor([p * head_dim + i for p in keep for i in range(head_dim)], dtype=torch.long)
+
+
+def remove_module_heads(state_dict: Dict[str, torch.Tensor], prefix: str, heads: List[int]) -> int:
+    """Remove original heads ``heads`` (0-based) from one attention module in ``state_dict``.
+
+    Returns:
+        the number of heads actually removed (heads already gone are skipped with a warning).
+    """
+    kept = state_dict[prefix + "kept_heads"].tolist()
+    gone = sorted(set(heads) - set(kept))
+    if gone:
+        logger.warning("%s: heads %s were already removed", prefix.rstrip("."),
+                       ",".join(str(h + 1) for h in gone))
+    keep = [pos for pos, h in enumerate(kept) if h not in heads]
+    if len(keep) == len(kept):
+        return 0
+    head_dim = state_dict[prefix + "q_proj.weight"].size(0) // len(kept)
+    rows = _index(keep, head_dim)
+    for name in _ROW_SLICED:
+        if prefix + name in state_dict:
+            state_dict[prefix + name] = state_dict[prefix + name].index_select(0, rows).clone()
+    for name in ("bias_k", "bias_v"):
+        if prefix + name in state_dict:
+            state_dict[prefix + name] = state_dict[prefix + name].index_select(2, rows).clone()
+    out = prefix + "out_proj.weight"
+    state_dict[out] = state_dict[out].index_select(1, rows).clone()
+    positions = torch.tensor(keep, dtype=torch.long)
+    for key in [k for k in state_dict if k.startswith(prefix + "out_proj.gate.")]:
+        if state_dict[key].dim() and state_dict[key].size(0) == len(kept):
+            state_dict[key] = state_dict[key].index_select(0, positions).clone()
+    state_dict[prefix + "kept_heads"] = torch.tensor([kept[p] for p in keep], dtype=torch.long)
+    return len(kept) - len(keep)
+
+
+def remove_heads(state_dict: Dict[str, torch.Tensor], layout: HeadLayout, spec: HeadSpec) -> int:
+    """Remove every head named in ``spec`` (original 0-based indices) from ``state_dict``.
+
+    Args:
+        state_dict: a ``transformer_headprune`` state dict, modified in place.
+        layout: its current layout (for range checks against the original model).
+        spec: heads to remove, ``{type: {layer: [heads]}}``.
+
+    Returns:
+        the number of heads removed.
+    """
+    check_spec(spec, layout)
+    removed = 0
+    for kind, layers in spec.items():
+        for layer, heads in layers.items():
+            removed += remove_module_heads(state_dict, module_prefix(kind, layer), heads)
+    return removed

@@ -1,0 +1,26 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="fairseq-headprune",
+    version="0.1.0",
+    description="Score, prune and physically remove attention heads of fairseq Transformer "
+                "translation models.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["fairseq_headprune", "fairseq_headprune.*"]),
+    python_requires=">=3.8,<3.13",
+    install_requires=[
+        # PyPI's fairseq 0.12.2 does not install on Python >= 3.11; ve-fairseq 0.12.3 is upstream
+        # main with the dataclass fix, prebuilt for CPython 3.11 and 3.12, imported as `fairseq`.
+        'fairseq==0.12.2; python_version < "3.11"',
+        've-fairseq==0.12.3; python_version >= "3.11"',
+        "torch>=1.13",
+        "numpy",
+        "sacrebleu>=2.0",
+        "sentencepiece",
+        "tqdm",
+        "matplotlib",
+    ],
+    extras_require={"test": ["pytest"]},
+    entry_points={"console_scripts": ["fairseq-headprune = fairseq_headprune.cli:main"]},
+)

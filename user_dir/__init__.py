@@ -1,0 +1,1 @@
+from fairseq_headprune import register  # noqa: F401
