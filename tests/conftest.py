@@ -1,0 +1,137 @@
+"""Tiny offline fixtures: random parallel data, fairseq-preprocess, 2-layer models trained on CPU."""
+
+import copy
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_DIR = os.path.join(REPO, "user_dir")
+BIN = os.path.dirname(sys.executable)
+
+TINY_MODEL = [
+    "--encoder-layers", "2", "--decoder-layers", "2",
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+]
+TRAIN = ["--optimizer", "adam", "--lr", "0.005", "--max-tokens", "500", "--cpu",
+         "--no-progress-bar", "--log-format", "simple", "--seed", "1",
+         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
+
+
+def run(cmd, check=True, **kwargs):
+    """Run a console script of this environment; return the CompletedProcess."""
+    exe = os.path.join(BIN, cmd[0])
+    proc = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, **kwargs)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def write_parallel(directory, seed=0, sizes=(("train", 240), ("valid", 24), ("test", 24))):
+    """A toy task (reverse and upper-case the words) that 2 epochs partly learn."""
+    rng = random.Random(seed)
+    words = "a b c d e f g h i j k l m n o p".split()
+    for split, n in sizes:
+        with open(os.path.join(directory, f"{split}.src"), "w") as fs, \
+                open(os.path.join(directory, f"{split}.tgt"), "w") as ft:
+            for _ in range(n):
+                s = [rng.choice(words) for _ in range(rng.randint(3, 9))]
+                fs.write(" ".join(s) + "\n")
+                ft.write(" ".join(reversed(s)).upper() + "\n")
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    raw = tmp_path_factory.mktemp("raw")
+    write_parallel(raw)
+    out = raw / "bin"
+    run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+         "--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"),
+         "--testpref", str(raw / "test"), "--destdir", str(out), "--workers", "1"])
+    return str(out)
+
+
+def train(data, save_dir, arch, *extra):
+    run(["fairseq-train", data, "--arch", arch, *TINY_MODEL, *TRAIN, "--max-epoch", "3",
+         "--save-dir", str(save_dir), "--no-epoch-checkpoints", *extra])
+    return str(save_dir / "checkpoint_last.pt")
+
+
+@pytest.fixture(scope="session")
+def stock_checkpoint(data_dir, tmp_path_factory):
+    """A stock fairseq ``transformer`` checkpoint."""
+    return train(data_dir, tmp_path_factory.mktemp("stock"), "transformer")
+
+
+@pytest.fixture(scope="session")
+def headprune_checkpoint(data_dir, tmp_path_factory):
+    """A ``transformer_headprune`` checkpoint trained through --user-dir."""
+    return train(data_dir, tmp_path_factory.mktemp("hp"), "transformer_headprune",
+                 "--user-dir", USER_DIR)
+
+
+@pytest.fixture(scope="session")
+def lstm_checkpoint(data_dir, tmp_path_factory):
+    """A checkpoint of a model that is not a Transformer."""
+    save = tmp_path_factory.mktemp("lstm")
+    run(["fairseq-train", data_dir, "--arch", "lstm", "--encoder-embed-dim", "8",
+         "--decoder-embed-dim", "8", "--encoder-hidden-size", "8", "--decoder-hidden-size", "8",
+         "--decoder-out-embed-dim", "8", *TRAIN, "--max-epoch", "1", "--save-dir", str(save),
+         "--no-epoch-checkpoints"])
+    return str(save / "checkpoint_last.pt")
+
+
+def load(path, data):
+    """Load a checkpoint with fairseq's own loader; return (model in eval mode, task)."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_headprune.register  # noqa: F401
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [path], arg_overrides={"data": data})
+    return models[0].eval(), task
+
+
+def batch(task, split="valid", max_sentences=8):
+    """The first batch of a split (padded, with prev_output_tokens)."""
+    task.load_dataset(split)
+    ds = task.dataset(split)
+    return ds.collater([ds[i] for i in range(min(max_sentences, len(ds)))])
+
+
+def beam_search(model, task, sample, beam=4):
+    from fairseq.sequence_generator import SequenceGenerator
+
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_b=20)
+    with torch.no_grad():
+        hypos = gen.generate([model], sample)
+    return [[(h["tokens"].tolist(), h["score"].item(), h["positional_scores"]) for h in sent]
+            for sent in hypos]
+
+
+def assert_same_hypotheses(a, b, atol=1e-6):
+    assert len(a) == len(b)
+    for sa, sb in zip(a, b):
+        assert [h[0] for h in sa] == [h[0] for h in sb]
+        for ha, hb in zip(sa, sb):
+            assert abs(ha[1] - hb[1]) <= atol
+            assert torch.allclose(ha[2], hb[2], atol=atol)
+
+
+def loss(model, task, sample):
+    from fairseq.criterions.label_smoothed_cross_entropy import (
+        LabelSmoothedCrossEntropyCriterion)
+
+    crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+    value, _, _ = crit(model, sample)
+    return value
+
+
+def clone(model):
+    return copy.deepcopy(model)

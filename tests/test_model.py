@@ -1,0 +1,124 @@
+"""transformer_headprune as a whole: equal to stock fairseq when open, masked equals removed."""
+
+import pytest
+import torch
+from conftest import (
+    assert_same_hypotheses, batch, beam_search, clone, load, loss)
+
+from fairseq_headprune.checkpoint import (
+    checkpoint_layout, count_parameters, load_checkpoint, save_checkpoint)
+from fairseq_headprune.convert import convert_state
+from fairseq_headprune.layout import HeadLayout, attention_modules
+from fairseq_headprune.masking import mask_heads, remove_heads_from_model
+from fairseq_headprune.remove import remove_heads
+from fairseq_headprune.spec import parse_head_spec
+
+
+@pytest.fixture(scope="module")
+def converted(stock_checkpoint, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("conv") / "converted.pt")
+    save_checkpoint(convert_state(load_checkpoint(stock_checkpoint), stock_checkpoint), path)
+    return path
+
+
+def outputs(model, sample):
+    with torch.no_grad():
+        enc = model.encoder(**{k: sample["net_input"][k] for k in ("src_tokens", "src_lengths")})
+        logits, extra = model(**sample["net_input"])
+    return enc["encoder_out"][0], logits
+
+
+def test_converted_equals_stock(stock_checkpoint, converted, data_dir):
+    stock, task = load(stock_checkpoint, data_dir)
+    ours, _ = load(converted, data_dir)
+    assert type(ours).__name__ == "HeadPruneTransformerModel"
+    sample = batch(task)
+    for a, b in zip(outputs(stock, sample), outputs(ours, sample)):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert torch.allclose(loss(stock, task, sample), loss(ours, task, sample), atol=1e-6)
+    assert_same_hypotheses(beam_search(stock, task, sample), beam_search(ours, task, sample))
+
+
+def test_open_gates_equal_stock_on_gated_path(stock_checkpoint, converted, data_dir):
+    """Gates of 1 force fairseq's unfused path everywhere; results still match stock."""
+    stock, task = load(stock_checkpoint, data_dir)
+    ours, _ = load(converted, data_dir)
+    for _, _, module in attention_modules(ours):
+        module.head_gate = torch.ones(module.num_heads)
+    sample = batch(task)
+    for a, b in zip(outputs(stock, sample), outputs(ours, sample)):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert_same_hypotheses(beam_search(stock, task, sample), beam_search(ours, task, sample))
+
+
+SPECS = [
+    "E:1:2",                                # one encoder self-attention head
+    "D:2:1,4",                              # decoder self-attention
+    "A:1:3",                                # encoder-decoder attention
+    "E:2:1-4",                              # a zero-head encoder layer
+    "D:1:1-4 A:2:1-4",                      # zero-head decoder layers of both kinds
+    "E:1:1,2 E:2:4 D:1:3 D:2:1,2,3 A:1:1 A:2:2,3,4",  # different counts everywhere
+]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_removed_equals_masked(converted, data_dir, tmp_path, spec):
+    heads = parse_head_spec(spec)
+    masked, task = load(converted, data_dir)
+    mask_heads(masked, heads)
+    state = load_checkpoint(converted)
+    remove_heads(state["model"], checkpoint_layout(state), heads)
+    path = str(tmp_path / "pruned.pt")
+    save_checkpoint(state, path)
+    removed, _ = load(path, data_dir)
+    expected = HeadLayout.from_model(masked)
+    for kind, layers in heads.items():
+        for layer, hs in layers.items():
+            expected.kept[kind][layer] = [h for h in expected.kept[kind][layer] if h not in hs]
+    assert HeadLayout.from_model(removed) == expected
+    sample = batch(task)
+    for a, b in zip(outputs(masked, sample), outputs(removed, sample)):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert torch.allclose(loss(masked, task, sample), loss(removed, task, sample), atol=1e-5)
+    assert_same_hypotheses(beam_search(masked, task, sample), beam_search(removed, task, sample),
+                           atol=1e-5)
+
+
+def test_in_memory_removal_matches_state_dict_removal(converted, data_dir):
+    heads = parse_head_spec(SPECS[-1])
+    live, _ = load(converted, data_dir)
+    remove_heads_from_model(live, heads)
+    state = load_checkpoint(converted)
+    remove_heads(state["model"], checkpoint_layout(state), heads)
+    sd = live.state_dict()
+    assert sd.keys() == state["model"].keys()
+    for key, value in state["model"].items():
+        assert torch.equal(sd[key], value), key
+    assert count_parameters(sd) == sum(p.numel() for p in live.parameters())
+
+
+def test_pruning_twice_composes(converted):
+    once = load_checkpoint(converted)
+    remove_heads(once["model"], checkpoint_layout(once), parse_head_spec("E:1:1,3 A:2:2"))
+    twice = load_checkpoint(converted)
+    remove_heads(twice["model"], checkpoint_layout(twice), parse_head_spec("E:1:3"))
+    remove_heads(twice["model"], checkpoint_layout(twice), parse_head_spec("E:1:1,3 A:2:2"))
+    assert once["model"].keys() == twice["model"].keys()
+    for key in once["model"]:
+        assert torch.equal(once["model"][key], twice["model"][key])
+
+
+def test_head_layout_option_builds_exact_shapes(converted, data_dir):
+    """A model built from --head-layout alone has the pruned shapes before any weight is loaded."""
+    from fairseq import tasks
+
+    model, task = load(converted, data_dir)
+    layout = HeadLayout.from_model(model)
+    layout.kept["E"][0] = [1]
+    layout.kept["A"][1] = []
+    args = model.args
+    args.head_layout = layout.to_json()
+    rebuilt = tasks.setup_task(args).build_model(args)
+    assert HeadLayout.from_model(rebuilt) == layout
+    assert rebuilt.encoder.layers[0].self_attn.q_proj.weight.shape == (4, 16)
+    assert rebuilt.decoder.layers[1].encoder_attn.out_proj.weight.shape == (16, 0)
