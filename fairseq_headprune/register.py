@@ -4,4 +4,4 @@ from fairseq_headprune.compat import allow_fairseq_checkpoint_globals
 
 allow_fairseq_checkpoint_globals()
 
-from fairseq_headprune import model  # noqa: E402,F401  (registers transformer_headprune*)
+from fairseq_headprune import importance_task, model  # noqa: E402,F401  (register with fairseq)

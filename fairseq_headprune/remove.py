@@ -11,6 +11,9 @@ from typing import Dict, List
 
 import torch
 
+from fairseq_headprune.checkpoint import (
+    checkpoint_layout, count_parameters, load_checkpoint, require_headprune, save_checkpoint,
+    strip_training_state)
 from fairseq_headprune.layout import HeadLayout, module_prefix
 from fairseq_headprune.spec import HeadSpec, check_spec
 
@@ -73,3 +76,24 @@ def remove_heads(state_dict: Dict[str, torch.Tensor], layout: HeadLayout, spec: 
         for layer, heads in layers.items():
             removed += remove_module_heads(state_dict, module_prefix(kind, layer), heads)
     return removed
+
+
+def prune_checkpoint(path: str, spec: HeadSpec, output: str) -> Dict[str, int]:
+    """Remove the heads of ``spec`` from checkpoint ``path`` and write ``output`` atomically.
+
+    The optimizer state is dropped and the ``--head-layout`` model option updated.
+
+    Returns:
+        ``removed``, ``heads_before``/``heads_after`` and ``params_before``/``params_after``.
+    """
+    state = load_checkpoint(path)
+    args = require_headprune(state, path)
+    layout = checkpoint_layout(state)
+    report = {"heads_before": layout.count(), "params_before": count_parameters(state["model"])}
+    report["removed"] = remove_heads(state["model"], layout, spec)
+    layout = checkpoint_layout(state)
+    args.head_layout = layout.to_json()
+    strip_training_state(state)
+    save_checkpoint(state, output)
+    report.update(heads_after=layout.count(), params_after=count_parameters(state["model"]))
+    return report

@@ -1,0 +1,100 @@
+"""``--task head_importance``: score every head with ``fairseq-validate``.
+
+    fairseq-validate DATA --user-dir user_dir --task head_importance --path ckpt.pt \\
+        --valid-subset valid --importance-output importance.json
+
+Each batch's scores travel in fairseq's logging outputs (one ``[layers, heads]`` tensor per
+attention type), so fairseq's own gathering across distributed workers sums them; the JSON file
+is written once, by rank 0, in :meth:`HeadImportanceTask.reduce_metrics`.
+"""
+
+import logging
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+import torch
+from fairseq import distributed_utils
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from fairseq_headprune.importance import SCORERS, Scores, normalize_by_layer, to_lists
+from fairseq_headprune.io import write_json
+from fairseq_headprune.layout import ATTENTION_TYPES
+from fairseq_headprune.spec import spec_to_json
+
+logger = logging.getLogger(__name__)
+
+KEY = "head_importance_"  # + attention type
+
+
+@dataclass
+class HeadImportanceConfig(TranslationConfig):
+    importance_output: str = field(
+        default="head_importance.json",
+        metadata={"help": "JSON file the head importance is written to"})
+    importance_scorer: ChoiceEnum(list(SCORERS)) = field(
+        default="gradient",
+        metadata={"help": "gradient: Michel et al. (2019) I_h = E_x |dL(x)/dxi_h|"})
+    importance_abs: ChoiceEnum(["sentence", "batch"]) = field(
+        default="sentence",
+        metadata={"help": "take |gradient| per sentence (the paper's equation; independent of "
+                          "batching) or per batch (the authors' code)"})
+    importance_normalize: ChoiceEnum(["layer_l2", "none"]) = field(
+        default="layer_l2",
+        metadata={"help": "divide each layer's scores by their L2 norm (the paper's default) "
+                          "or keep raw mean scores"})
+
+
+def reduce_importance(logging_outputs: List[dict], normalize: str = "layer_l2") -> Dict:
+    """Sum the per-batch scores of any number of logging outputs (any number of workers).
+
+    Returns:
+        ``{"sentences", "tokens", "raw", "importance", "removed"}``; ``raw`` is the mean over
+        sentences of the per-sentence (or per-batch) absolute gradients, ``importance`` the same
+        after the chosen normalisation, ``removed`` the heads absent from the model (1-based).
+    """
+    sentences = sum(int(log.get("nsentences", 0)) for log in logging_outputs)
+    tokens = sum(int(log.get("ntokens", 0)) for log in logging_outputs)
+    totals: Scores = {}
+    for kind in ATTENTION_TYPES:
+        tables = [log[KEY + kind] for log in logging_outputs if KEY + kind in log]
+        if tables:
+            totals[kind] = torch.stack([torch.as_tensor(t) for t in tables]).sum(0)
+    raw = {k: v / max(sentences, 1) for k, v in totals.items()}
+    final = normalize_by_layer(raw) if normalize == "layer_l2" else raw
+    removed = {k: {layer: [h for h in range(v.size(1)) if torch.isnan(v[layer, h])]
+                   for layer in range(v.size(0))} for k, v in raw.items()}
+    return {"sentences": sentences, "tokens": tokens, "raw": to_lists(raw),
+            "importance": to_lists(final), "removed": spec_to_json(removed)}
+
+
+@register_task("head_importance", dataclass=HeadImportanceConfig)
+class HeadImportanceTask(TranslationTask):
+    """A translation task whose validation scores attention heads instead of only the loss."""
+
+    def __init__(self, cfg, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        self.scorer = SCORERS[str(cfg.importance_scorer)](absolute=str(cfg.importance_abs))
+
+    def valid_step(self, sample, model, criterion):
+        model.eval()
+        scores, loss, sample_size, logging_output = self.scorer.batch_scores(
+            model, sample, criterion)
+        for kind, table in scores.items():
+            logging_output[KEY + kind] = table
+        return loss, sample_size, logging_output
+
+    def reduce_metrics(self, logging_outputs, criterion):
+        super().reduce_metrics(logging_outputs, criterion)
+        if not any(KEY + k in log for log in logging_outputs for k in ATTENTION_TYPES):
+            return
+        result = {"method": "Michel et al. 2019, gradient importance",
+                  "scorer": str(self.cfg.importance_scorer),
+                  "absolute": str(self.cfg.importance_abs),
+                  "normalize": str(self.cfg.importance_normalize),
+                  **reduce_importance(logging_outputs, str(self.cfg.importance_normalize))}
+        if distributed_utils.get_global_rank() == 0:
+            write_json(self.cfg.importance_output, result)
+            logger.info("head importance of %d sentences written to %s", result["sentences"],
+                        self.cfg.importance_output)

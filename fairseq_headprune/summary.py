@@ -1,0 +1,79 @@
+"""The demo's summary table, generated from its results files (``python -m`` this module)."""
+
+import argparse
+import json
+import os
+from typing import Dict, Optional
+
+from fairseq_headprune.io import write_text
+from fairseq_headprune.layout import TYPE_NAMES
+
+
+def _load(path: str) -> Optional[Dict]:
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def summarize(out_dir: str) -> str:
+    """Markdown summary of ``corpus.json``, ``sweep/results.json`` and ``bench.json``."""
+    corpus = _load(os.path.join(out_dir, "corpus", "corpus.json"))
+    sweep = _load(os.path.join(out_dir, "sweep", "results.json"))
+    bench = _load(os.path.join(out_dir, "bench.json"))
+    lines = []
+    if corpus:
+        p = corpus["pairs"]
+        lines.append(f"Corpus {corpus['pair']} from {corpus['catalogs']} gettext catalogs: "
+                     f"{p['train']:,} train / {p['valid']:,} valid / {p['test']:,} test pairs.\n")
+    if sweep:
+        rows = sweep["rows"]
+        curves = list(dict.fromkeys(r["curve"] for r in rows))
+        levels = sorted(set(r["level"] for r in rows))
+        table = {(r["curve"], r["level"]): r for r in rows}
+        lines.append("| heads pruned | " + " | ".join(
+            "all types" if c == "all" else f"{c} only" for c in curves) + " |")
+        lines.append("|---:|" + "---:|" * len(curves))
+        for lv in levels:
+            cells = [f"{table[(c, lv)]['bleu']:.2f}" if (c, lv) in table else "" for c in curves]
+            lines.append(f"| {lv * 100:.0f}% | " + " | ".join(cells) + " |")
+        lines.append(f"\nBLEU on {rows[0]['sentences']} sentences of "
+                     f"'{sweep['config']['subset']}', beam {sweep['config']['beam']}; "
+                     f"sacrebleu `{rows[0]['signature']}`.")
+        base = table.get(("all", 0.0))
+        if base:
+            for lv in (0.2, 0.5):
+                if ("all", lv) in table:
+                    lines.append(f"- {lv:.0%} of all heads pruned: "
+                                 f"{table[('all', lv)]['bleu'] - base['bleu']:+.2f} BLEU")
+            drops = {c: sum(base["bleu"] - table[(c, lv)]["bleu"] for lv in levels
+                            if (c, lv) in table) for c in curves if c != "all"}
+            if drops:
+                worst = max(drops, key=drops.get)
+                lines.append(f"- most sensitive type (largest BLEU loss summed over levels): "
+                             f"{worst} ({TYPE_NAMES[worst]})")
+    if bench:
+        lines.append(f"\nDecoding, {bench['full']['heads']} -> {bench['pruned']['heads']} heads "
+                     f"(beam {bench['beam']}, {bench['device']}): parameters x"
+                     f"{bench['parameter_ratio']}, KV cache x{bench['kv_cache_ratio']}, ideal "
+                     f"speedup {bench['ideal_speedup']}x.\n")
+        lines.append("| batch | full sent/s | pruned sent/s | speedup | of ideal |")
+        lines.append("|---:|---:|---:|---:|---:|")
+        for row in bench["rows"]:
+            lines.append(f"| {row['batch_size']} | {row['full']['sentences_per_s']} | "
+                         f"{row['pruned']['sentences_per_s']} | {row['speedup']}x | "
+                         f"{row['measured_over_ideal']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("out_dir", help="the demo's results folder")
+    opts = parser.parse_args()
+    text = summarize(opts.out_dir)
+    write_text(os.path.join(opts.out_dir, "summary.md"), text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
