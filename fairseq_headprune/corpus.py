@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -31,13 +32,16 @@ logger = logging.getLogger(__name__)
 _FORMAT = re.compile(
     r"%(?:\d+\$)?[-+ #0']*\d*(?:\.\d+)?(?:hh|h|ll|l|L|q|j|z|t|I64|PRI\w+)?[diouxXeEfgGcsSpm%]"
     r"|\{[^{}]*\}|\$\{[^{}]*\}|\$\w+|<[^<>]+>|&\w+;")
-_ACCEL = re.compile(r"(?<=\w)_(?=\w)|(?<![\w_])_(?=\w)|&(?=\w)|~(?=\w)")
 _SPACE = re.compile(r"\s+")
 
 
 def clean(text: str) -> str:
-    """One line, keyboard accelerators (``_File``, ``&Open``) removed, spaces collapsed."""
-    return _SPACE.sub(" ", _ACCEL.sub("", text)).strip()
+    """One line, the keyboard accelerator (GNOME ``_File``, KDE ``&Open``, ``~Save``) removed,
+    spaces collapsed. A marker that occurs more than once (``snake_case_name``) is text."""
+    for mark in "_&~":
+        if text.count(mark) == 1 and re.search(re.escape(mark) + r"\w(?!\w*;)", text):
+            text = text.replace(mark, "", 1)
+    return _SPACE.sub(" ", text).strip()
 
 
 def is_prose(text: str, min_letter_share: float = 0.5) -> bool:
@@ -174,11 +178,14 @@ def build_corpus(sources: List[str], out_dir: str, src_lang: str = "en", tgt_lan
                     open(tmp, "w", encoding="utf-8") as f:
                 f.writelines(line + "\n" for line in lines)
     preprocess = os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess")
-    subprocess.run(
+    shutil.rmtree(binary, ignore_errors=True)  # fairseq-preprocess refuses to overwrite
+    proc = subprocess.run(
         [preprocess, "--source-lang", src_lang, "--target-lang", tgt_lang,
          *(f"--{s}pref={os.path.join(pieces, s)}" for s in ("train", "valid", "test")),
          "--destdir", binary, "--joined-dictionary", "--workers", str(workers)],
-        check=True, capture_output=True)
+        capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise HeadPruneError(f"fairseq-preprocess failed: {proc.stderr.strip().splitlines()[-1]}")
     sizes = {split: len(rows) for split, rows in splits.items()}
     write_json(os.path.join(out_dir, "corpus.json"), {
         "pair": f"{src_lang}-{tgt_lang}", "catalogs": len(files), "pairs": sizes,

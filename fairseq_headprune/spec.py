@@ -114,7 +114,7 @@ def spec_to_json(spec: HeadSpec) -> Dict[str, Dict[str, List[int]]]:
     """The JSON form (1-based) of a 0-based spec."""
     return {kind: {str(layer + 1): [h + 1 for h in sorted(heads)]
                    for layer, heads in sorted(spec[kind].items()) if heads}
-            for kind in ATTENTION_TYPES if spec.get(kind)}
+            for kind in ATTENTION_TYPES if any(spec.get(kind, {}).values())}
 
 
 def check_spec(spec: HeadSpec, layout: HeadLayout):

@@ -10,6 +10,7 @@ SRC="${SRC:-en}"
 TGT="${TGT:-de}"
 SIZE="${SIZE:-small}"                 # small: ~15 min on 2 CPU cores; base: a GPU
 TRAIN_HOURS="${TRAIN_HOURS:-0.22}"    # wall-clock cap on training
+VOCAB="${VOCAB:-4000}"                # joint sentencepiece vocabulary
 SWEEP_SENTENCES="${SWEEP_SENTENCES:-400}"
 BENCH_SENTENCES="${BENCH_SENTENCES:-200}"
 PY="${PY:-python}"
@@ -19,12 +20,12 @@ else
   DEVICE_ARGS=(--cpu); DEVICE=cpu
 fi
 case "$SIZE" in
-  small) ARCH_ARGS=(--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256
-                    --decoder-embed-dim 256 --encoder-ffn-embed-dim 1024
-                    --decoder-ffn-embed-dim 1024 --encoder-attention-heads 8
-                    --decoder-attention-heads 8) ;;
+  small) ARCH_ARGS=(--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 128
+                    --decoder-embed-dim 128 --encoder-ffn-embed-dim 512
+                    --decoder-ffn-embed-dim 512 --encoder-attention-heads 8
+                    --decoder-attention-heads 8 --lr 2e-3 --warmup-updates 400) ;;
   base)  ARCH_ARGS=(--encoder-layers 6 --decoder-layers 6 --encoder-attention-heads 8
-                    --decoder-attention-heads 8) ;;
+                    --decoder-attention-heads 8 --lr 1e-3 --warmup-updates 1000) ;;
   *) echo "SIZE must be small or base, got '$SIZE'" >&2; exit 2 ;;
 esac
 BIN="$OUT/corpus/bin"
@@ -33,7 +34,7 @@ MODEL="$OUT/model/checkpoint_best.pt"
 echo "== 1/6 corpus ($SRC-$TGT from $CATALOGS)"
 if [ ! -f "$OUT/corpus/corpus.json" ]; then
   fairseq-headprune corpus --catalogs $CATALOGS --src-lang "$SRC" --tgt-lang "$TGT" \
-    --vocab-size 6000 -o "$OUT/corpus"
+    --vocab-size "$VOCAB" -o "$OUT/corpus"
 fi
 cat "$OUT/corpus/corpus.json"
 
@@ -41,7 +42,7 @@ echo "== 2/6 train transformer_headprune ($SIZE, $DEVICE, at most $TRAIN_HOURS h
 if [ ! -f "$OUT/model/done" ]; then
   fairseq-train "$BIN" --user-dir user_dir --arch transformer_headprune "${ARCH_ARGS[@]}" \
     --share-all-embeddings --dropout 0.1 --optimizer adam --adam-betas '(0.9,0.98)' \
-    --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 1000 --clip-norm 1.0 \
+    --lr-scheduler inverse_sqrt --clip-norm 1.0 \
     --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 \
     --max-epoch 40 --stop-time-hours "$TRAIN_HOURS" --save-dir "$OUT/model" \
     --no-epoch-checkpoints --log-format simple --log-interval 50 --seed 1 "${DEVICE_ARGS[@]}"

@@ -1,0 +1,54 @@
+"""Decoding cost model (hand-computed) and the side-by-side benchmark on a tiny model."""
+
+from argparse import Namespace
+
+import pytest
+from conftest import run
+
+from fairseq_headprune.bench import format_bench, run_bench
+from fairseq_headprune.cost import decode_macs, kv_cache_bytes
+from fairseq_headprune.layout import HeadLayout
+
+ARGS = Namespace(encoder_embed_dim=4, decoder_embed_dim=4, encoder_ffn_embed_dim=8,
+                 decoder_ffn_embed_dim=8, encoder_attention_heads=2, decoder_attention_heads=2,
+                 decoder_layers=1)
+
+
+def layout(e, d, a):
+    return HeadLayout({"E": 2, "D": 2, "A": 2}, {"E": [e], "D": [d], "A": [a]})
+
+
+def test_macs_hand_computed():
+    # C=4, F=8, head dim 2, one layer each, S=3 source and T=2 target tokens, beam 1, vocab 10
+    full = decode_macs(layout([0, 1], [0, 1], [0, 1]), ARGS, vocab=10, src_len=3, tgt_len=2,
+                       beam=1)
+    enc = 3 * (4 * 4 * 4 + 2 * 4 * 3 + 2 * 4 * 8)           # 3 tokens: qkv+out, scores, FFN
+    dec_self = 2 * 4 * 4 * 4 + 2 * 4 * 3                     # T*(4*C*n) + 2*n*(1+2)
+    dec_cross = 2 * 4 * 4 * 3 + 2 * (2 * 4 * 4 + 2 * 4 * 3)  # keys/values once + per step
+    rest = 2 * (2 * 4 * 8 + 4 * 10)                          # FFN and output projection
+    assert full == enc + dec_self + dec_cross + rest
+    none = decode_macs(layout([], [], []), ARGS, vocab=10, src_len=3, tgt_len=2, beam=1)
+    assert none == 3 * 2 * 4 * 8 + rest
+
+
+def test_kv_cache_hand_computed():
+    # self: 1 head * dim 2 * (k, v) * 5 steps * beam 4; cross: 2 heads * 2 * 2 * 7 source
+    assert kv_cache_bytes(layout([0], [1], [0, 1]), ARGS, src_len=7, tgt_len=5, beam=4) == \
+        (2 * 2 * 5 * 4 + 2 * 2 * 2 * 7) * 4
+
+
+def test_bench_side_by_side(headprune_checkpoint, data_dir, tmp_path):
+    pruned = str(tmp_path / "p.pt")
+    run(["fairseq-headprune", "prune", "--path", headprune_checkpoint, "--heads",
+         "D:1:1,2 D:2:1,2 A:1:1,2 A:2:1,2", "-o", pruned])
+    report = run_bench(data_dir, headprune_checkpoint, pruned, subset="valid",
+                       batch_sizes=[1, 8], max_sentences=8)
+    assert [r["batch_size"] for r in report["rows"]] == [1, 8]
+    assert all(r["sentences"] == 8 for r in report["rows"])
+    assert report["full"]["heads"] == 24 and report["pruned"]["heads"] == 16
+    assert report["kv_cache_ratio"] == pytest.approx(0.5, abs=1e-3)  # half the D and A heads
+    per_head = 4 * 16 * 4 + 3 * 4
+    assert report["full"]["parameters"] - report["pruned"]["parameters"] == 8 * per_head
+    assert report["ideal_speedup"] > 1
+    text = format_bench(report)
+    assert "ideal speedup from removed MACs" in text and "batch    8:" in text

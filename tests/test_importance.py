@@ -1,0 +1,156 @@
+"""Michel et al. gradient importance: analytic gradient, batching independence, reduction."""
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import USER_DIR, load, run
+
+from fairseq_headprune.importance import GradientImportance, normalize_by_layer
+from fairseq_headprune.importance_task import KEY, reduce_importance
+from fairseq_headprune.layout import attention_modules
+from fairseq_headprune.masking import remove_heads_from_model
+from fairseq_headprune.spec import parse_head_spec
+
+
+@pytest.fixture(scope="module")
+def model_task(headprune_checkpoint, data_dir):
+    model, task = load(headprune_checkpoint, data_dir)
+    model.double()
+    task.load_dataset("valid")
+    return model, task
+
+
+def criterion(task):
+    from fairseq.criterions.label_smoothed_cross_entropy import (
+        LabelSmoothedCrossEntropyCriterion)
+
+    return LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+
+
+def collate(task, ids):
+    ds = task.dataset("valid")
+    return ds.collater([ds[i] for i in ids])
+
+
+def logs(model, task, batches, absolute="sentence"):
+    out = []
+    for ids in batches:
+        scores, _, _, log = GradientImportance(absolute).batch_scores(
+            model, collate(task, ids), criterion(task))
+        out.append({**{KEY + k: v for k, v in scores.items()}, **log})
+    return out
+
+
+def nll64(model, sample):
+    """Token-summed NLL in float64 (fairseq's criteria take log_softmax in float32)."""
+    logits, _ = model(**sample["net_input"])
+    lprobs = torch.log_softmax(logits.double(), -1)
+    target = sample["target"]
+    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    loss = nll[target.ne(1)].sum()
+    return loss, sample["ntokens"], {"nsentences": target.size(0), "ntokens": sample["ntokens"]}
+
+
+def test_equals_finite_difference(model_task):
+    """d L / d xi_h by central differences, for a head of each type, one sentence."""
+    model, task = model_task
+    sample = collate(task, [3])
+    scores, _, _, _ = GradientImportance("sentence").batch_scores(model, sample, nll64)
+    eps = 1e-3  # fairseq takes the attention softmax in float32
+    for kind, layer, module in attention_modules(model):
+        if (kind, layer) not in (("E", 0), ("D", 1), ("A", 0)):
+            continue
+        head = 2
+        losses = []
+        for sign in (1, -1):
+            gate = torch.ones(module.num_heads, dtype=torch.float64)
+            gate[head] += sign * eps
+            module.head_gate = gate
+            with torch.no_grad():
+                losses.append(nll64(model, sample)[0].item())
+            module.head_gate = None
+        numeric = abs(losses[0] - losses[1]) / (2 * eps)
+        assert scores[kind][layer, head].item() == pytest.approx(numeric, rel=1e-3, abs=1e-7)
+
+
+def test_per_sentence_scores_do_not_depend_on_batching(model_task):
+    model, task = model_task
+    ids = list(range(12))
+    one_batch = reduce_importance(logs(model, task, [ids]), "none")
+    singletons = reduce_importance(logs(model, task, [[i] for i in ids]), "none")
+    uneven = reduce_importance(logs(model, task, [ids[:5], ids[5:]]), "none")
+    for other in (singletons, uneven):
+        assert other["sentences"] == one_batch["sentences"] == 12
+        for kind in "EDA":
+            assert torch.allclose(torch.tensor(other["raw"][kind]),
+                                  torch.tensor(one_batch["raw"][kind]), rtol=1e-6)  # float32 softmax inside fairseq
+
+
+def test_per_batch_abs_is_at_most_per_sentence(model_task):
+    """|sum_x g(x)| <= sum_x |g(x)|: equal for one sentence, smaller for a batch."""
+    model, task = model_task
+    ids = list(range(12))
+    per_sentence = reduce_importance(logs(model, task, [ids]), "none")["raw"]
+    per_batch = reduce_importance(logs(model, task, [ids], "batch"), "none")["raw"]
+    strictly_smaller = 0
+    for kind in "EDA":
+        s, b = torch.tensor(per_sentence[kind]), torch.tensor(per_batch[kind])
+        assert (b <= s + 1e-12).all()
+        strictly_smaller += int((b < s - 1e-9).sum())
+    assert strictly_smaller > 0
+    single = reduce_importance(logs(model, task, [[4]], "batch"), "none")["raw"]
+    assert single == reduce_importance(logs(model, task, [[4]]), "none")["raw"]
+
+
+def test_two_workers_sum_like_one(model_task):
+    """fairseq gathers every worker's logging outputs into one list: halves add up."""
+    model, task = model_task
+    ids = list(range(12))
+    whole = reduce_importance(logs(model, task, [ids[:6], ids[6:]]))
+    worker0, worker1 = logs(model, task, [ids[0::2]]), logs(model, task, [ids[1::2]])
+    gathered = reduce_importance(worker0 + worker1)
+    for kind in "EDA":
+        assert torch.allclose(torch.tensor(gathered["importance"][kind]),
+                              torch.tensor(whole["importance"][kind]), rtol=1e-6)  # float32 softmax inside fairseq
+
+
+def test_layer_normalisation_hand_computed():
+    table = {"E": torch.tensor([[3.0, 4.0], [math.nan, 2.0]], dtype=torch.float64)}
+    out = normalize_by_layer(table)["E"]
+    assert torch.allclose(out[0], torch.tensor([0.6, 0.8], dtype=torch.float64))
+    assert math.isnan(out[1, 0]) and out[1, 1].item() == pytest.approx(1.0)
+
+
+def test_removed_heads_stay_removed(model_task):
+    model, task = model_task
+    import copy
+    pruned = copy.deepcopy(model)
+    remove_heads_from_model(pruned, parse_head_spec("E:1:2 D:2:1-4"))
+    result = reduce_importance(logs(pruned, task, [[0, 1, 2]]))
+    assert result["removed"] == {"E": {"1": [2]}, "D": {"2": [1, 2, 3, 4]}}
+    assert result["importance"]["E"][0][1] is None
+    assert result["importance"]["D"][1] == [None] * 4
+    assert all(v is not None for v in result["importance"]["A"][1])
+
+
+def test_fairseq_validate_writes_importance(headprune_checkpoint, data_dir, tmp_path):
+    """Stock fairseq-validate with the task switched through --model-overrides, and the
+    fairseq-headprune importance wrapper, write the same file."""
+    out = tmp_path / "imp.json"
+    overrides = {"task": {"_name": "head_importance", "importance_output": str(out)}}
+    run(["fairseq-validate", data_dir, "--user-dir", USER_DIR, "--task", "head_importance",
+         "--path", headprune_checkpoint, "--cpu", "--max-tokens", "300",
+         "--model-overrides", repr(overrides)])
+    wrapped = tmp_path / "imp2.json"
+    run(["fairseq-headprune", "importance", data_dir, "--path", headprune_checkpoint,
+         "-o", str(wrapped), "--cpu", "--max-tokens", "300"])
+    a, b = json.loads(out.read_text()), json.loads(wrapped.read_text())
+    assert a["sentences"] == 24 and a["normalize"] == "layer_l2" and a["absolute"] == "sentence"
+    assert [len(a["importance"][k]) for k in "EDA"] == [2, 2, 2]
+    assert all(len(row) == 4 for k in "EDA" for row in a["importance"][k])
+    for k in "EDA":
+        assert torch.allclose(torch.tensor(a["importance"][k]), torch.tensor(b["importance"][k]))
+        for row in a["importance"][k]:  # each layer has unit L2 norm
+            assert sum(v * v for v in row) == pytest.approx(1.0)

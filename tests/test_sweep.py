@@ -1,0 +1,72 @@
+"""The sweep: rows, resume after an interruption, results as data, plots from the data."""
+
+import json
+
+import pytest
+from conftest import run
+
+import fairseq_headprune.sweep as sweep
+from fairseq_headprune.errors import HeadPruneError
+
+
+@pytest.fixture(scope="module")
+def importance(headprune_checkpoint, data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("imp") / "importance.json"
+    run(["fairseq-headprune", "importance", data_dir, "--path", headprune_checkpoint,
+         "-o", str(out), "--cpu"])
+    return str(out)
+
+
+def test_resume_skips_finished_levels(headprune_checkpoint, data_dir, importance, tmp_path,
+                                      monkeypatch):
+    calls = []
+    real = sweep.translate
+
+    def counting(model, *args, **kwargs):
+        calls.append(sum(m.num_heads for m in model.modules() if hasattr(m, "kept_heads")))
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # interrupted during the third decode
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(sweep, "translate", counting)
+    kwargs = dict(levels=[0.0, 0.25, 0.5], curves=["all", "A"], max_sentences=8)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(data_dir, headprune_checkpoint, importance, str(tmp_path), **kwargs)
+    saved = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [(r["curve"], r["level"]) for r in saved] == [("all", 0.0), ("all", 0.25)]
+    calls.clear()
+    rows = sweep.run_sweep(data_dir, headprune_checkpoint, importance, str(tmp_path), **kwargs)
+    # all@0.5, A@0.25, A@0.5 decoded now; A@0.0 reuses all@0.0 (the same, unpruned model)
+    assert calls == [12, 22, 20]
+    assert [(r["curve"], r["level"], r["heads_pruned"]) for r in rows] == [
+        ("all", 0.0, 0), ("all", 0.25, 6), ("all", 0.5, 12),
+        ("A", 0.0, 0), ("A", 0.25, 2), ("A", 0.5, 4)]
+    assert all(r["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a") for r in rows)
+    csv_lines = (tmp_path / "results.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("curve,level,heads_pruned,heads_total,bleu,signature")
+    assert len(csv_lines) == 7
+    calls.clear()
+    sweep.run_sweep(data_dir, headprune_checkpoint, importance, str(tmp_path), **kwargs)
+    assert calls == []
+
+
+def test_other_settings_are_refused(headprune_checkpoint, data_dir, importance, tmp_path):
+    sweep.run_sweep(data_dir, headprune_checkpoint, importance, str(tmp_path), levels=[0.0],
+                    curves=["all"], max_sentences=4)
+    with pytest.raises(HeadPruneError, match="holds a sweep with other settings"):
+        sweep.run_sweep(data_dir, headprune_checkpoint, importance, str(tmp_path),
+                        levels=[0.0], curves=["all"], max_sentences=5)
+
+
+def test_cli_writes_data_plots_and_checkpoint(headprune_checkpoint, data_dir, importance,
+                                              tmp_path):
+    out = run(["fairseq-headprune", "sweep", data_dir, "--path", headprune_checkpoint,
+               "--importance", importance, "-o", str(tmp_path), "--levels", "0,0.5",
+               "--curves", "all", "--max-sentences", "8", "--save-levels", "0.5",
+               "--device", "cpu"]).stdout
+    assert "all   50.0% pruned ( 12/24) BLEU" in out
+    for name in ("results.json", "results.csv", "bleu_vs_pruned.png", "importance.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert (tmp_path / "bleu_vs_pruned.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    inspect = run(["fairseq-headprune", "inspect", "--path", str(tmp_path / "pruned_50.pt")])
+    assert "12 heads kept" in inspect.stdout
