@@ -1,7 +1,7 @@
 """``fairseq-headprune bench``: unpruned versus physically pruned decoding, side by side."""
 
 import logging
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from fairseq_headprune.cost import decode_macs, kv_cache_bytes
 from fairseq_headprune.decode import load_model, translate
@@ -12,23 +12,38 @@ logger = logging.getLogger(__name__)
 
 def run_bench(data: str, full_path: str, pruned_path: str, subset: str = "test", beam: int = 5,
               batch_sizes: Sequence[int] = (1, 64), max_sentences: int = 200,
-              repeats: int = 1, device: str = "cpu") -> Dict:
+              repeats: int = 1, device: str = "cpu", fixed_length: Optional[int] = 0) -> Dict:
     """Decode the same sentences with both models at each batch size; report speeds, sizes, the
     key/value cache and the ideal speedup from the removed multiply-adds.
 
     Timings alternate between the two models (``repeats`` rounds) and keep each model's fastest
-    round, so that drift of the machine affects both alike.
+    round, so that drift of the machine affects both alike. A pruned model that translates worse
+    may stop later (or never, up to the length limit), which says nothing about the cost of its
+    attention; so by default (``fixed_length=0``) every hypothesis of both models is forced to
+    the mean reference length, and both do exactly the same decoding steps. ``None`` decodes
+    freely; a positive number fixes that length.
     """
     models = {name: load_model(p, data, device) for name, p in
               (("full", full_path), ("pruned", pruned_path))}
     task = models["full"][1]
+    task.load_dataset(subset)
+    dataset = task.dataset(subset)
+    n = min(max_sentences, len(dataset))
+    src_len = float(sum(dataset.src_sizes[:n])) / n
+    tgt_len = float(sum(dataset.tgt_sizes[:n])) / n
+    if fixed_length == 0:
+        fixed_length = max(round(tgt_len) - 1, 1)  # tokens before the end of sentence
     rows: List[Dict] = []
     for bs in batch_sizes:
         best = {}
+        for model, _ in models.values():  # warm-up: allocator, kernels, first-call costs
+            translate(model, task, subset, beam, max_tokens=None, batch_size=bs,
+                      max_sentences=bs, device=device, fixed_length=fixed_length)
         for _ in range(repeats):
             for name, (model, _) in models.items():
                 out = translate(model, task, subset, beam, max_tokens=None, batch_size=bs,
-                                max_sentences=max_sentences, device=device)
+                                max_sentences=max_sentences, device=device,
+                                fixed_length=fixed_length)
                 if name not in best or out.seconds < best[name].seconds:
                     best[name] = out
         row = {"batch_size": bs, "sentences": len(best["full"].hypotheses)}
@@ -39,12 +54,8 @@ def run_bench(data: str, full_path: str, pruned_path: str, subset: str = "test",
                          "bleu": round(out.bleu()[0], 2)}
         row["speedup"] = round(best["full"].seconds / best["pruned"].seconds, 3)
         rows.append(row)
-    dataset = task.dataset(subset)
-    n = min(max_sentences, len(dataset))
-    src_len = float(sum(dataset.src_sizes[:n])) / n
-    tgt_len = float(sum(dataset.tgt_sizes[:n])) / n
     report = {"subset": subset, "beam": beam, "device": device, "src_len": round(src_len, 2),
-              "tgt_len": round(tgt_len, 2), "rows": rows}
+              "tgt_len": round(tgt_len, 2), "fixed_length": fixed_length, "rows": rows}
     for name, (model, _) in models.items():
         layout = HeadLayout.from_model(model)
         report[name] = {
@@ -67,8 +78,10 @@ def run_bench(data: str, full_path: str, pruned_path: str, subset: str = "test",
 
 
 def format_bench(report: Dict) -> str:
+    fixed = report.get("fixed_length")
     lines = [f"subset {report['subset']}, beam {report['beam']}, device {report['device']}, "
-             f"mean lengths src {report['src_len']} / tgt {report['tgt_len']} tokens",
+             f"mean lengths src {report['src_len']} / tgt {report['tgt_len']} tokens, "
+             + (f"every hypothesis forced to {fixed} tokens" if fixed else "free lengths"),
              f"{'':10s} {'params':>12s} {'heads':>6s} {'KV cache/sent':>14s} {'MACs/sent':>14s}"]
     for name in ("full", "pruned"):
         r = report[name]

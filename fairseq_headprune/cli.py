@@ -132,7 +132,8 @@ def cmd_bench(args):
     from fairseq_headprune.io import write_json
 
     report = run_bench(args.data, args.path, args.pruned, args.subset, args.beam,
-                       args.batch_sizes, args.max_sentences, args.repeats, args.device)
+                       args.batch_sizes, args.max_sentences, args.repeats, args.device,
+                       None if args.free_length else args.fixed_length)
     if args.output:
         write_json(args.output, report)
     print(format_bench(report))
@@ -233,6 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-sentences", type=int, default=200, help="(default: %(default)s)")
     p.add_argument("--repeats", type=int, default=1,
                    help="alternating rounds; the fastest counts (default: %(default)s)")
+    p.add_argument("--fixed-length", type=int, default=0,
+                   help="force every hypothesis to this many tokens so both models decode the "
+                        "same steps; 0: the mean reference length (default: %(default)s)")
+    p.add_argument("--free-length", action="store_true",
+                   help="decode freely instead (a worse model may decode longer)")
     p.add_argument("--device", default=device, help="(default: %(default)s)")
     p.add_argument("-o", "--output", help="report JSON to write")
     p.set_defaults(func=cmd_bench)

@@ -5,9 +5,11 @@ from argparse import Namespace
 from dataclasses import dataclass
 from typing import List, Optional
 
+import numpy as np
 import sacrebleu
 import torch
 from fairseq import checkpoint_utils, utils
+from fairseq.data import data_utils
 
 from fairseq_headprune import register  # noqa: F401
 from fairseq_headprune.checkpoint import load_checkpoint
@@ -37,40 +39,32 @@ def load_model(path: str, data: str, device: str = "cpu"):
 
 def batches(task, subset: str, model, max_tokens: Optional[int] = 4000,
             batch_size: Optional[int] = None, max_sentences_total: Optional[int] = None):
-    """fairseq's batch iterator over a subset (sorted by length, as fairseq-generate does)."""
+    """The first ``max_sentences_total`` sentences of a subset (all by default), sorted by length
+    and grouped by fairseq's ``batch_by_size``, as fairseq-generate groups them."""
     if subset not in task.datasets:
         task.load_dataset(subset)
     dataset = task.dataset(subset)
-    limit = max_sentences_total if max_sentences_total and max_sentences_total < len(dataset) \
-        else None
-    itr = task.get_batch_iterator(
-        dataset=dataset, max_tokens=max_tokens, max_sentences=batch_size,
-        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
-        ignore_invalid_inputs=True, seed=1).next_epoch_itr(shuffle=False)
-    for sample in itr:
-        if limit is not None:  # the first `limit` sentences of the subset
-            keep = sample["id"] < limit
-            if not keep.any():
-                continue
-            if not keep.all():
-                sample = _select(sample, keep)
-        yield sample
-
-
-def _select(sample, keep):
-    net = sample["net_input"]
-    return {**sample, "id": sample["id"][keep], "nsentences": int(keep.sum()),
-            "target": sample["target"][keep],
-            "net_input": {**net, "src_tokens": net["src_tokens"][keep],
-                          "src_lengths": net["src_lengths"][keep],
-                          "prev_output_tokens": net["prev_output_tokens"][keep]}}
+    n = min(max_sentences_total or len(dataset), len(dataset))
+    limit = utils.resolve_max_positions(task.max_positions(), model.max_positions())
+    ids = [i for i in range(n) if dataset.src_sizes[i] <= limit[0]]
+    ids = np.array(sorted(ids, key=lambda i: (dataset.src_sizes[i], i)), dtype=np.int64)
+    for chunk in data_utils.batch_by_size(ids, dataset.num_tokens, max_tokens=max_tokens,
+                                          max_sentences=batch_size):
+        yield dataset.collater([dataset[int(i)] for i in chunk])
 
 
 def translate(model, task, subset: str = "test", beam: int = 5, max_tokens: Optional[int] = 4000,
               batch_size: Optional[int] = None, max_sentences: Optional[int] = None,
-              device: str = "cpu", max_len_b: int = 200) -> Translation:
-    """Beam-search a subset; hypotheses and references detokenised (sentencepiece removed)."""
-    generator = task.build_generator([model], Namespace(beam=beam, max_len_b=max_len_b))
+              device: str = "cpu", max_len_b: int = 200, fixed_length: Optional[int] = None
+              ) -> Translation:
+    """Beam-search a subset; hypotheses and references detokenised (sentencepiece removed).
+
+    ``fixed_length`` forces every hypothesis to exactly that many tokens (no end of sentence
+    before), so that two models do the same number of decoding steps in a speed comparison.
+    """
+    lengths = dict(max_len_a=0, max_len_b=fixed_length, min_len=fixed_length) if fixed_length \
+        else dict(max_len_b=max_len_b)
+    generator = task.build_generator([model], Namespace(beam=beam, **lengths))
     tgt = task.target_dictionary
     hyps, refs, ids, n_tokens, seconds = [], [], [], 0, 0.0
     for sample in batches(task, subset, model, max_tokens, batch_size, max_sentences):
