@@ -71,17 +71,26 @@ def checkpoint_layout(state: dict) -> HeadLayout:
     return HeadLayout.from_state_dict(state["model"], original_heads(model_args(state)))
 
 
-def count_parameters(state_dict: Dict[str, torch.Tensor]) -> int:
-    """Number of model parameters in a state dict (shared tensors once, buffers excluded)."""
-    seen, total = set(), 0
+def _parameters(state_dict: Dict[str, torch.Tensor]):
+    """The parameter tensors of a state dict, shared tensors once, buffers excluded."""
+    seen = set()
     for key, tensor in state_dict.items():
         if key.endswith(_BUFFER_SUFFIXES) or not tensor.is_floating_point():
             continue
         ptr = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
         if ptr not in seen:
             seen.add(ptr)
-            total += tensor.numel()
-    return total
+            yield tensor
+
+
+def count_parameters(state_dict: Dict[str, torch.Tensor]) -> int:
+    """Number of model parameters in a state dict (shared tensors once, buffers excluded)."""
+    return sum(t.numel() for t in _parameters(state_dict))
+
+
+def parameter_bytes(state_dict: Dict[str, torch.Tensor]) -> int:
+    """Bytes the model parameters take, in their stored dtype."""
+    return sum(t.numel() * t.element_size() for t in _parameters(state_dict))
 
 
 def save_checkpoint(state: dict, path: str):

@@ -33,7 +33,8 @@ def cmd_prune(args):
           f"{r['heads_before']} -> {r['heads_after']} heads")
     print(f"parameters: {r['params_before']:,} -> {r['params_after']:,} "
           f"({r['params_after'] - r['params_before']:+,})")
-    print(f"file size:  {_size(args.path)} -> {_size(args.output)}")
+    print(f"weights:    {r['bytes_before'] / 2**20:.2f} MiB -> {r['bytes_after'] / 2**20:.2f} MiB")
+    print(f"file size:  {_size(args.path)} -> {_size(args.output)} (optimizer state dropped)")
 
 
 def cmd_inspect(args):

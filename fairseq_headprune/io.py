@@ -13,8 +13,11 @@ def atomic_path(path: str):
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=directory)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
         yield tmp
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

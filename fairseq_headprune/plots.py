@@ -41,7 +41,7 @@ def plot_heatmap(importance_json: str, png: str):
     """Importance per layer and head, one panel per attention type; removed heads blank."""
     with open(importance_json, encoding="utf-8") as f:
         tables = json.load(f)["importance"]
-    fig, axes = plt.subplots(1, len(tables), figsize=(4 * len(tables), 3.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(tables), figsize=(4.8 * len(tables), 3.2), squeeze=False)
     for ax, (kind, rows) in zip(axes[0], tables.items()):
         grid = [[math.nan if v is None else v for v in row] for row in rows]
         image = ax.imshow(grid, cmap="viridis", aspect="auto")
@@ -51,4 +51,5 @@ def plot_heatmap(importance_json: str, png: str):
         ax.set_xticks(range(len(grid[0])), [str(h + 1) for h in range(len(grid[0]))])
         ax.set_yticks(range(len(grid)), [str(layer + 1) for layer in range(len(grid))])
         fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.tight_layout()
     _save(fig, png)

@@ -12,8 +12,8 @@ from typing import Dict, List
 import torch
 
 from fairseq_headprune.checkpoint import (
-    checkpoint_layout, count_parameters, load_checkpoint, require_headprune, save_checkpoint,
-    strip_training_state)
+    checkpoint_layout, count_parameters, load_checkpoint, parameter_bytes, require_headprune,
+    save_checkpoint, strip_training_state)
 from fairseq_headprune.layout import HeadLayout, module_prefix
 from fairseq_headprune.spec import HeadSpec, check_spec
 
@@ -84,16 +84,19 @@ def prune_checkpoint(path: str, spec: HeadSpec, output: str) -> Dict[str, int]:
     The optimizer state is dropped and the ``--head-layout`` model option updated.
 
     Returns:
-        ``removed``, ``heads_before``/``heads_after`` and ``params_before``/``params_after``.
+        ``removed``, and ``heads_``, ``params_`` and ``bytes_`` (of the parameters)
+        ``before``/``after``.
     """
     state = load_checkpoint(path)
     args = require_headprune(state, path)
     layout = checkpoint_layout(state)
-    report = {"heads_before": layout.count(), "params_before": count_parameters(state["model"])}
+    report = {"heads_before": layout.count(), "params_before": count_parameters(state["model"]),
+              "bytes_before": parameter_bytes(state["model"])}
     report["removed"] = remove_heads(state["model"], layout, spec)
     layout = checkpoint_layout(state)
     args.head_layout = layout.to_json()
     strip_training_state(state)
     save_checkpoint(state, output)
-    report.update(heads_after=layout.count(), params_after=count_parameters(state["model"]))
+    report.update(heads_after=layout.count(), params_after=count_parameters(state["model"]),
+                  bytes_after=parameter_bytes(state["model"]))
     return report

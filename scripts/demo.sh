@@ -66,5 +66,6 @@ if [ ! -f "$OUT/bench.json" ]; then
 fi
 
 echo "== 6/6 summary"
-fairseq-headprune inspect --path "$OUT/sweep/pruned_50.pt" | head -4
+fairseq-headprune inspect --path "$OUT/sweep/pruned_50.pt" > "$OUT/pruned_50_layout.txt"
+head -4 "$OUT/pruned_50_layout.txt"
 "$PY" -m fairseq_headprune.summary "$OUT"

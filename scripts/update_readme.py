@@ -1,0 +1,45 @@
+#!/usr/bin/env python
+"""Regenerate the results sections of README.md from the committed results files.
+
+Each block between ``<!-- results:NAME:start -->`` and ``<!-- results:NAME:end -->`` is replaced
+by ``fairseq_headprune.summary.summarize(docs/results/NAME)``, and each block between
+``<!-- output:FILE:start -->`` and ``<!-- output:FILE:end -->`` by FILE (a command transcript under
+docs/results) in a code fence; nothing in them is typed by hand.
+"""
+
+import argparse
+import os
+import re
+
+from fairseq_headprune.io import write_text
+from fairseq_headprune.summary import summarize
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--readme", default="README.md", help="(default: %(default)s)")
+    parser.add_argument("--results", default="docs/results", help="(default: %(default)s)")
+    opts = parser.parse_args()
+    with open(opts.readme, encoding="utf-8") as f:
+        text = f.read()
+
+    def block(match):
+        name = match.group(1)
+        body = summarize(os.path.join(opts.results, name))
+        return f"<!-- results:{name}:start -->\n{body}<!-- results:{name}:end -->"
+
+    def output(match):
+        name = match.group(1)
+        with open(os.path.join(opts.results, name), encoding="utf-8") as f:
+            body = f.read()
+        return f"<!-- output:{name}:start -->\n```\n{body}```\n<!-- output:{name}:end -->"
+
+    new = re.sub(r"<!-- results:([\w-]+):start -->.*?<!-- results:\1:end -->", block, text,
+                 flags=re.S)
+    new = re.sub(r"<!-- output:([\w./-]+):start -->.*?<!-- output:\1:end -->", output, new,
+                 flags=re.S)
+    write_text(opts.readme, new)
+
+
+if __name__ == "__main__":
+    main()
