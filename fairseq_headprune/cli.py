@@ -94,15 +94,12 @@ def cmd_importance(args, extra):
 
 
 def cmd_choose(args):
-    import json
-
-    from fairseq_headprune.importance import from_lists
+    from fairseq_headprune.importance import read_importance
     from fairseq_headprune.io import write_json
     from fairseq_headprune.selection import choose_heads
     from fairseq_headprune.spec import format_head_spec, spec_to_json
 
-    with open(args.importance, encoding="utf-8") as f:
-        scores = from_lists(json.load(f)["importance"])
+    scores = read_importance(args.importance)
     spec = choose_heads(scores, args.amount, args.scope, args.types, args.keep_one_per_layer)
     if args.output:
         write_json(args.output, {"heads": spec_to_json(spec), "spec": format_head_spec(spec),

@@ -93,6 +93,22 @@ def to_lists(scores: Scores) -> Dict[str, list]:
             for k in ATTENTION_TYPES if k in scores}
 
 
+def read_importance(path: str) -> Scores:
+    """The ``importance`` tables of an importance JSON file, or a one-sentence error."""
+    import json
+
+    from fairseq_headprune.errors import HeadPruneError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return from_lists(json.load(f)["importance"])
+    except FileNotFoundError as err:
+        raise HeadPruneError(f"importance file {path} does not exist.") from err
+    except (ValueError, KeyError, TypeError) as err:
+        raise HeadPruneError(f"{path} is not an importance JSON written by the head_importance "
+                             f"task ({type(err).__name__}: {err}).") from err
+
+
 def from_lists(tables: Dict[str, list]) -> Scores:
     return {k: torch.tensor([[math.nan if v is None else v for v in row] for row in rows],
                             dtype=torch.float64) for k, rows in tables.items()}

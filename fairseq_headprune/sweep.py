@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from fairseq_headprune.decode import batches, load_model, translate
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.importance import GradientImportance, from_lists, normalize_by_layer
+from fairseq_headprune.importance import GradientImportance, from_lists, read_importance
 from fairseq_headprune.importance_task import KEY, reduce_importance
 from fairseq_headprune.io import write_json, write_text
 from fairseq_headprune.layout import HeadLayout
@@ -77,8 +77,7 @@ def run_sweep(data: str, path: str, importance: str, output_dir: str,
     for curve in curves:
         if curve not in CURVES:
             raise HeadPruneError(f"unknown curve '{curve}': expected one of {', '.join(CURVES)}.")
-    with open(importance, encoding="utf-8") as f:
-        scores = from_lists(json.load(f)["importance"])
+    scores = read_importance(importance)
     config = {"checkpoint": os.path.abspath(path), "importance": os.path.abspath(importance),
               "levels": list(levels), "curves": list(curves), "subset": subset, "beam": beam,
               "max_sentences": max_sentences, "keep_one_per_layer": keep_one_per_layer,

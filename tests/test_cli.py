@@ -62,6 +62,13 @@ def test_generate_on_pruned_equals_masked_model(headprune_checkpoint, pruned, da
         assert hyps[sid][0] == pytest.approx(score / math.log(2), abs=1e-4)
 
 
+def test_interactive_loads_pruned(pruned, data_dir):
+    proc = run(["fairseq-interactive", data_dir, "--user-dir", USER_DIR, "--path", pruned[0],
+                "--cpu", "--source-lang", "src", "--target-lang", "tgt", "--beam", "2"],
+               input="a b c d\n")
+    assert re.search(r"^H-0\t-?[\d.]+\t\S", proc.stdout, re.M)
+
+
 def test_validate_loads_pruned(pruned, data_dir):
     proc = run(["fairseq-validate", data_dir, "--user-dir", USER_DIR, "--path", pruned[0],
                 "--task", "translation", "--cpu", "--valid-subset", "valid",

@@ -70,3 +70,26 @@ def test_cli_writes_data_plots_and_checkpoint(headprune_checkpoint, data_dir, im
     assert (tmp_path / "bleu_vs_pruned.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     inspect = run(["fairseq-headprune", "inspect", "--path", str(tmp_path / "pruned_50.pt")])
     assert "12 heads kept" in inspect.stdout
+
+
+def test_iterative_rescoring_keeps_earlier_choices(headprune_checkpoint, data_dir, importance,
+                                                   tmp_path):
+    rows = sweep.run_sweep(data_dir, headprune_checkpoint, importance, str(tmp_path),
+                           levels=[0.0, 0.25, 0.5], curves=["all"], max_sentences=4,
+                           iterative=True)
+    specs = [r["heads"] for r in rows]
+    assert [r["heads_pruned"] for r in rows] == [0, 6, 12]
+    for kind, layers in specs[1].items():  # heads removed at 25% stay removed at 50%
+        for layer, heads in layers.items():
+            assert set(heads) <= set(specs[2][kind][layer])
+
+
+def test_missing_importance_file(headprune_checkpoint, data_dir, tmp_path):
+    proc = run(["fairseq-headprune", "sweep", data_dir, "--path", headprune_checkpoint,
+                "--importance", str(tmp_path / "none.json"), "-o", str(tmp_path / "out")],
+               check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"fairseq-headprune sweep: error: importance file {tmp_path / 'none.json'} does not "
+        f"exist.")
+    assert not (tmp_path / "out").exists()
