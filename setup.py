@@ -20,6 +20,7 @@ setup(
         "sentencepiece",
         "tqdm",
         "matplotlib",
+        "polib",  # parses .mo and .po gettext catalogs for the embedded corpus
     ],
     extras_require={"test": ["pytest"]},
     entry_points={"console_scripts": ["fairseq-headprune = fairseq_headprune.cli:main"]},

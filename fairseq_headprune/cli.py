@@ -137,6 +137,17 @@ def cmd_bench(args):
     print(format_bench(report))
 
 
+def cmd_ablate(args):
+    from fairseq_headprune.ablation import run_ablation
+
+    result = run_ablation(args.data, args.path, args.output_dir, args.mode, args.types,
+                          args.importance, args.subset, args.beam, args.max_tokens,
+                          args.max_sentences, args.device)
+    for row in result["rows"]:
+        print(f"{row['spec'] or 'unpruned':40s} BLEU {row['bleu']:6.2f} ({row['delta']:+.2f})")
+    print(f"signature: {result['rows'][0]['signature']}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fairseq-headprune",
@@ -221,6 +232,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="levels whose pruned checkpoint to write, e.g. 0.5")
     p.add_argument("--device", default=device, help="(default: %(default)s)")
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("ablate", help="Michel et al.'s ablations: remove one head at a time "
+                                      "(Table 1) or keep only the best head of a layer (Table 2)")
+    p.add_argument("data", help="fairseq-preprocess output folder")
+    p.add_argument("--path", required=True, help="transformer_headprune checkpoint")
+    p.add_argument("--mode", choices=["single", "best-per-layer"], default="single",
+                   help="(default: %(default)s)")
+    p.add_argument("--types", default="EDA", help="attention types (default: %(default)s)")
+    p.add_argument("--importance", help="importance JSON (best-per-layer ranks heads by it)")
+    p.add_argument("-o", "--output-dir", required=True, help="results folder (resumable)")
+    p.add_argument("--subset", default="test", help="(default: %(default)s)")
+    p.add_argument("--beam", type=int, default=5, help="(default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=4000, help="(default: %(default)s)")
+    p.add_argument("--max-sentences", type=int, help="decode only the first N sentences")
+    p.add_argument("--device", default=device, help="(default: %(default)s)")
+    p.set_defaults(func=cmd_ablate)
 
     p = sub.add_parser("bench", help="decoding speed: unpruned vs physically pruned")
     p.add_argument("data", help="fairseq-preprocess output folder")

@@ -31,14 +31,14 @@ esac
 BIN="$OUT/corpus/bin"
 MODEL="$OUT/model/checkpoint_best.pt"
 
-echo "== 1/6 corpus ($SRC-$TGT from $CATALOGS)"
+echo "== 1/7 corpus ($SRC-$TGT from $CATALOGS)"
 if [ ! -f "$OUT/corpus/corpus.json" ]; then
   fairseq-headprune corpus --catalogs $CATALOGS --src-lang "$SRC" --tgt-lang "$TGT" \
     --vocab-size "$VOCAB" -o "$OUT/corpus"
 fi
 cat "$OUT/corpus/corpus.json"
 
-echo "== 2/6 train transformer_headprune ($SIZE, $DEVICE, at most $TRAIN_HOURS h)"
+echo "== 2/7 train transformer_headprune ($SIZE, $DEVICE, at most $TRAIN_HOURS h)"
 if [ ! -f "$OUT/model/done" ]; then
   fairseq-train "$BIN" --user-dir user_dir --arch transformer_headprune "${ARCH_ARGS[@]}" \
     --share-all-embeddings --dropout 0.1 --optimizer adam --adam-betas '(0.9,0.98)' \
@@ -49,23 +49,28 @@ if [ ! -f "$OUT/model/done" ]; then
   touch "$OUT/model/done"
 fi
 
-echo "== 3/6 head importance (Michel et al. 2019) on valid"
+echo "== 3/7 head importance (Michel et al. 2019) on valid"
 if [ ! -f "$OUT/importance.json" ]; then
   fairseq-headprune importance "$BIN" --path "$MODEL" --subset valid -o "$OUT/importance.json" \
     "${DEVICE_ARGS[@]}"
 fi
 
-echo "== 4/6 sweep: BLEU vs heads pruned (resumable)"
+echo "== 4/7 sweep: BLEU vs heads pruned (resumable)"
 fairseq-headprune sweep "$BIN" --path "$MODEL" --importance "$OUT/importance.json" \
   -o "$OUT/sweep" --max-sentences "$SWEEP_SENTENCES" --save-levels 0.2,0.5 --device "$DEVICE"
 
-echo "== 5/6 bench: unpruned vs 50% of heads physically removed"
+echo "== 5/7 bench: unpruned vs 50% of heads physically removed"
 if [ ! -f "$OUT/bench.json" ]; then
   fairseq-headprune bench "$BIN" --path "$MODEL" --pruned "$OUT/sweep/pruned_50.pt" \
     --max-sentences "$BENCH_SENTENCES" --batch-sizes 1,64 --device "$DEVICE" -o "$OUT/bench.json"
 fi
 
-echo "== 6/6 summary"
+echo "== 6/7 ablation: keep only the best head of one layer (Michel et al. Table 2)"
+fairseq-headprune ablate "$BIN" --path "$MODEL" --mode best-per-layer \
+  --importance "$OUT/importance.json" -o "$OUT/ablation" --max-sentences "$SWEEP_SENTENCES" \
+  --device "$DEVICE"
+
+echo "== 7/7 summary"
 fairseq-headprune inspect --path "$OUT/sweep/pruned_50.pt" > "$OUT/pruned_50_layout.txt"
 head -4 "$OUT/pruned_50_layout.txt"
 "$PY" -m fairseq_headprune.summary "$OUT"
