@@ -21,6 +21,7 @@ def summarize(out_dir: str) -> str:
     corpus = _load(os.path.join(out_dir, "corpus", "corpus.json"))
     sweep = _load(os.path.join(out_dir, "sweep", "results.json"))
     bench = _load(os.path.join(out_dir, "bench.json"))
+    ablation = _load(os.path.join(out_dir, "ablation", "ablation.json"))
     lines = []
     if corpus:
         p = corpus["pairs"]
@@ -63,6 +64,15 @@ def summarize(out_dir: str) -> str:
             lines.append(f"| {row['batch_size']} | {row['full']['sentences_per_s']} | "
                          f"{row['pruned']['sentences_per_s']} | {row['speedup']}x | "
                          f"{row['measured_over_ideal']} |")
+    if ablation and ablation["config"]["mode"] == "best-per-layer":
+        lines.append("\nKeeping only the most important head of one layer (Michel et al., "
+                     "Table 2), BLEU difference to the unpruned model:\n")
+        lines.append("| layer | heads removed | BLEU | difference |")
+        lines.append("|---|---|---:|---:|")
+        for row in ablation["rows"][1:]:
+            layer = ":".join(row["spec"].split(":")[:2])
+            n = len(row["spec"].split(":")[2].split(","))
+            lines.append(f"| {layer} | {n} | {row['bleu']:.2f} | {row['delta']:+.2f} |")
     return "\n".join(lines) + "\n"
 
 
