@@ -84,7 +84,6 @@ def run_sweep(data: str, path: str, importance: str, output_dir: str,
               "iterative": iterative}
     results_path = os.path.join(output_dir, "results.json")
     rows = load_results(results_path, config)
-    done = {(r["curve"], r["level"]) for r in rows}
     base, task = load_model(path, data, device)
     layout = HeadLayout.from_model(base)
     criterion = None

@@ -1,6 +1,5 @@
 """Tiny offline fixtures: random parallel data, fairseq-preprocess, 2-layer models trained on CPU."""
 
-import copy
 import os
 import random
 import subprocess
@@ -131,7 +130,3 @@ def loss(model, task, sample):
     crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
     value, _, _ = crit(model, sample)
     return value
-
-
-def clone(model):
-    return copy.deepcopy(model)

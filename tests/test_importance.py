@@ -1,5 +1,6 @@
 """Michel et al. gradient importance: analytic gradient, batching independence, reduction."""
 
+import copy
 import json
 import math
 
@@ -125,7 +126,6 @@ def test_layer_normalisation_hand_computed():
 
 def test_removed_heads_stay_removed(model_task):
     model, task = model_task
-    import copy
     pruned = copy.deepcopy(model)
     remove_heads_from_model(pruned, parse_head_spec("E:1:2 D:2:1-4"))
     result = reduce_importance(logs(pruned, task, [[0, 1, 2]]))

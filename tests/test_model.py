@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import (
-    assert_same_hypotheses, batch, beam_search, clone, load, loss)
+    assert_same_hypotheses, batch, beam_search, load, loss)
 
 from fairseq_headprune.checkpoint import (
     checkpoint_layout, count_parameters, load_checkpoint, save_checkpoint)
