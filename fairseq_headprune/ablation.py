@@ -7,7 +7,6 @@
 Each row is written at once to ``ablation.json`` (atomically); a rerun skips finished rows.
 """
 
-import copy
 import os
 from typing import Dict, List, Optional, Sequence
 
@@ -16,11 +15,10 @@ from tqdm import tqdm
 from fairseq_headprune.decode import load_model, translate
 from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.importance import read_importance
-from fairseq_headprune.io import write_json
+from fairseq_headprune.io import load_rows, write_json
 from fairseq_headprune.layout import HeadLayout
-from fairseq_headprune.masking import remove_heads_from_model
+from fairseq_headprune.masking import pruned_copy
 from fairseq_headprune.spec import HeadSpec, format_head_spec
-from fairseq_headprune.sweep import load_results
 
 MODES = ("single", "best-per-layer")
 
@@ -56,7 +54,7 @@ def run_ablation(data: str, path: str, output_dir: str, mode: str = "single",
               "importance": importance and os.path.abspath(importance), "subset": subset,
               "beam": beam, "max_sentences": max_sentences}
     results_path = os.path.join(output_dir, "ablation.json")
-    rows = load_results(results_path, config)
+    rows = load_rows(results_path, config, "an ablation")
     base, task = load_model(path, data, device)
     specs = [{}] + ablation_specs(HeadLayout.from_model(base), mode, types, importance)
     done = {r["spec"] for r in rows}
@@ -64,9 +62,7 @@ def run_ablation(data: str, path: str, output_dir: str, mode: str = "single",
         text = format_head_spec(spec)
         if text in done:
             continue
-        model = copy.deepcopy(base)
-        remove_heads_from_model(model, spec)
-        bleu, signature = translate(model, task, subset, beam, max_tokens,
+        bleu, signature = translate(pruned_copy(base, spec), task, subset, beam, max_tokens,
                                     max_sentences=max_sentences, device=device).bleu()
         baseline = rows[0]["bleu"] if rows else bleu
         rows.append({"spec": text, "bleu": round(bleu, 2),

@@ -25,7 +25,7 @@ from typing import Dict, Iterable, List, Tuple
 import polib
 
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.io import atomic_path, write_json
+from fairseq_headprune.io import write_json, write_text
 
 logger = logging.getLogger(__name__)
 
@@ -156,13 +156,12 @@ def build_corpus(sources: List[str], out_dir: str, src_lang: str = "en", tgt_lan
     raw, pieces, binary = (os.path.join(out_dir, d) for d in ("raw", "spm", "bin"))
     for d in (raw, pieces):
         os.makedirs(d, exist_ok=True)
+    sides = ((0, src_lang), (1, tgt_lang))
     for split, rows in splits.items():
-        for side, lang in ((0, src_lang), (1, tgt_lang)):
-            with atomic_path(os.path.join(raw, f"{split}.{lang}")) as tmp, \
-                    open(tmp, "w", encoding="utf-8") as f:
-                f.writelines(row[side] + "\n" for row in rows)
+        for side, lang in sides:
+            write_text(os.path.join(raw, f"{split}.{lang}"), "".join(r[side] + "\n" for r in rows))
     train_text = [os.path.join(raw, f"train.{lang}") for lang in (src_lang, tgt_lang)]
-    n_chars = sum(len(set(open(p, encoding="utf-8").read())) for p in train_text)
+    n_chars = sum(len(set("".join(r[side] + "\n" for r in splits["train"]))) for side, _ in sides)
     vocab = min(vocab_size, max(n_chars + 4, len(splits["train"]) // 2))
     spm.SentencePieceTrainer.train(
         input=",".join(train_text), model_prefix=os.path.join(pieces, "spm"), vocab_size=vocab,
@@ -170,13 +169,10 @@ def build_corpus(sources: List[str], out_dir: str, src_lang: str = "en", tgt_lan
         input_sentence_size=2000000, shuffle_input_sentence=True, num_threads=max(workers, 1),
         minloglevel=2)
     sp = spm.SentencePieceProcessor(model_file=os.path.join(pieces, "spm.model"))
-    for split in splits:
-        for lang in (src_lang, tgt_lang):
-            with open(os.path.join(raw, f"{split}.{lang}"), encoding="utf-8") as f:
-                lines = [" ".join(sp.encode(line.rstrip("\n"), out_type=str)) for line in f]
-            with atomic_path(os.path.join(pieces, f"{split}.{lang}")) as tmp, \
-                    open(tmp, "w", encoding="utf-8") as f:
-                f.writelines(line + "\n" for line in lines)
+    for split, rows in splits.items():
+        for side, lang in sides:
+            write_text(os.path.join(pieces, f"{split}.{lang}"),
+                       "".join(" ".join(sp.encode(r[side], out_type=str)) + "\n" for r in rows))
     preprocess = os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess")
     shutil.rmtree(binary, ignore_errors=True)  # fairseq-preprocess refuses to overwrite
     proc = subprocess.run(

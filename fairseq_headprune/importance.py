@@ -3,6 +3,7 @@ and a criterion, return per attention type (E, D, A) a ``[layers, original heads
 summed over the batch; heads already removed from the model are NaN. Registry: ``SCORERS``.
 """
 
+import json
 import math
 from abc import ABC, abstractmethod
 from typing import Dict, List, Tuple
@@ -10,6 +11,7 @@ from typing import Dict, List, Tuple
 import torch
 import torch.nn as nn
 
+from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.layout import ATTENTION_TYPES, HeadLayout, attention_modules
 
 Scores = Dict[str, torch.Tensor]
@@ -95,10 +97,6 @@ def to_lists(scores: Scores) -> Dict[str, list]:
 
 def read_importance(path: str) -> Scores:
     """The ``importance`` tables of an importance JSON file, or a one-sentence error."""
-    import json
-
-    from fairseq_headprune.errors import HeadPruneError
-
     try:
         with open(path, encoding="utf-8") as f:
             return from_lists(json.load(f)["importance"])

@@ -46,6 +46,11 @@ class HeadImportanceConfig(TranslationConfig):
                           "or keep raw mean scores"})
 
 
+def scores_to_log(scores: Scores) -> Dict[str, torch.Tensor]:
+    """Logging-output entries of one batch's scores (fairseq sums them across workers)."""
+    return {KEY + kind: table for kind, table in scores.items()}
+
+
 def reduce_importance(logging_outputs: List[dict], normalize: str = "layer_l2") -> Dict:
     """Sum the per-batch scores of any number of logging outputs (any number of workers).
 
@@ -81,8 +86,7 @@ class HeadImportanceTask(TranslationTask):
         model.eval()
         scores, loss, sample_size, logging_output = self.scorer.batch_scores(
             model, sample, criterion)
-        for kind, table in scores.items():
-            logging_output[KEY + kind] = table
+        logging_output.update(scores_to_log(scores))
         return loss, sample_size, logging_output
 
     def reduce_metrics(self, logging_outputs, criterion):

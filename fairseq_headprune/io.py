@@ -5,6 +5,8 @@ import json
 import os
 import tempfile
 
+from fairseq_headprune.errors import HeadPruneError
+
 
 @contextlib.contextmanager
 def atomic_path(path: str):
@@ -22,6 +24,19 @@ def atomic_path(path: str):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def load_rows(path: str, config: dict, what: str) -> list:
+    """The rows of a resumable results file, [] if there is none; ``what`` names the run in the
+    error raised when the file was written with another ``config``."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    if saved.get("config") != config:
+        raise HeadPruneError(f"{path} holds {what} with other settings; use another --output-dir "
+                             f"or delete it.")
+    return saved["rows"]
 
 
 def write_json(path: str, data):

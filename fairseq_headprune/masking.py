@@ -1,5 +1,6 @@
 """Reversible head masking: fixed 0/1 gates on a live model (attach -> score -> choose -> remove)."""
 
+from copy import deepcopy
 from typing import Optional
 
 import torch
@@ -28,12 +29,6 @@ def mask_heads(model: nn.Module, spec: Optional[HeadSpec]):
             module.head_gate = None
 
 
-def clear_gates(model: nn.Module):
-    """Remove every gate: all heads open, fused path where fairseq takes it."""
-    for _, _, module in attention_modules(model):
-        module.head_gate = None
-
-
 def remove_heads_from_model(model: nn.Module, spec: HeadSpec):
     """Physically remove the heads named in ``spec`` from a live model (in place)."""
     check_spec(spec, HeadLayout.from_model(model))
@@ -41,3 +36,10 @@ def remove_heads_from_model(model: nn.Module, spec: HeadSpec):
         closed = set(spec.get(kind, {}).get(layer, []))
         if closed:
             module.set_kept_heads([h for h in module.kept_heads.tolist() if h not in closed])
+
+
+def pruned_copy(model: nn.Module, spec: HeadSpec) -> nn.Module:
+    """A copy of ``model`` with the heads of ``spec`` removed; ``model`` is left as it is."""
+    copy = deepcopy(model)
+    remove_heads_from_model(copy, spec)
+    return copy

@@ -12,7 +12,7 @@ import torch
 
 from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.importance import Scores
-from fairseq_headprune.spec import HeadSpec
+from fairseq_headprune.spec import HeadSpec, normalized
 
 Head = Tuple[str, int, int]  # type, layer, head (0-based)
 
@@ -69,7 +69,7 @@ def choose_heads(scores: Scores, amount: float, scope: str = "global",
             spec.setdefault(k, {}).setdefault(layer, []).append(h)
             present[(k, layer)] -= 1
             wanted -= 1
-    return {k: {layer: sorted(hs) for layer, hs in sorted(v.items())} for k, v in sorted(spec.items())}
+    return normalized(spec)
 
 
 def _global(scores, types):
@@ -94,7 +94,7 @@ def merge_specs(*specs: HeadSpec) -> HeadSpec:
         for k, layers in spec.items():
             for layer, heads in layers.items():
                 out.setdefault(k, {}).setdefault(layer, set()).update(heads)
-    return {k: {layer: sorted(hs) for layer, hs in sorted(v.items())} for k, v in sorted(out.items())}
+    return normalized(out)
 
 
 def mask_scores(scores: Scores, spec: HeadSpec) -> Scores:

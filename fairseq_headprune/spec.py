@@ -55,6 +55,17 @@ def _parse_text(text: str) -> HeadSpec:
     return spec
 
 
+def normalized(spec) -> HeadSpec:
+    """A spec with types, layers and heads in sorted order and heads as lists."""
+    return {k: {layer: sorted(heads) for layer, heads in sorted(v.items())}
+            for k, v in sorted(spec.items())}
+
+
+def spec_from_json(data) -> HeadSpec:
+    """The 0-based spec of the JSON form (already decoded), e.g. a results row's ``heads``."""
+    return normalized(_parse_json(data))
+
+
 def _parse_json(data) -> HeadSpec:
     if isinstance(data, dict) and "heads" in data:
         data = data["heads"]
@@ -93,11 +104,8 @@ def parse_head_spec(text: str) -> HeadSpec:
             data = json.loads(text)
         except ValueError as err:
             raise HeadPruneError(f"the head spec is not valid JSON ({err}).") from err
-        spec = _parse_json(data)
-    else:
-        spec = _parse_text(text)
-    return {k: {layer: sorted(heads) for layer, heads in sorted(v.items())}
-            for k, v in sorted(spec.items())}
+        return spec_from_json(data)
+    return normalized(_parse_text(text))
 
 
 def format_head_spec(spec: HeadSpec) -> str:

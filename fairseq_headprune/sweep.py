@@ -6,26 +6,25 @@ fairseq's generator and scored with sacrebleu. Each finished row is written at o
 to ``results.json``; a rerun with the same settings skips the rows already there.
 """
 
-import copy
 import csv
 import io
-import json
 import logging
 import os
 from typing import List, Optional, Sequence
 
+from fairseq import utils
 from tqdm import tqdm
 
 from fairseq_headprune.decode import batches, load_model, translate
 from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.importance import GradientImportance, from_lists, read_importance
-from fairseq_headprune.importance_task import KEY, reduce_importance
-from fairseq_headprune.io import write_json, write_text
+from fairseq_headprune.importance_task import reduce_importance, scores_to_log
+from fairseq_headprune.io import load_rows, write_json, write_text
 from fairseq_headprune.layout import HeadLayout
-from fairseq_headprune.masking import remove_heads_from_model
+from fairseq_headprune.masking import pruned_copy
 from fairseq_headprune.remove import prune_checkpoint
 from fairseq_headprune.selection import choose_heads, merge_specs
-from fairseq_headprune.spec import format_head_spec, parse_head_spec, spec_to_json
+from fairseq_headprune.spec import format_head_spec, spec_from_json, spec_to_json
 
 logger = logging.getLogger(__name__)
 
@@ -37,24 +36,11 @@ def rescore(model, task, subset: str, criterion, max_tokens: int, device: str):
     scorer = GradientImportance("sentence")
     logs = []
     for sample in batches(task, subset, model, max_tokens):
-        if device != "cpu":
-            from fairseq import utils
-            sample = utils.move_to_cuda(sample)
+        sample = utils.move_to_cuda(sample) if device != "cpu" else sample
         scores, _, _, log = scorer.batch_scores(model, sample, criterion)
-        logs.append({**{KEY + k: v for k, v in scores.items()}, "nsentences": log["nsentences"],
+        logs.append({**scores_to_log(scores), "nsentences": log["nsentences"],
                      "ntokens": log["ntokens"]})
     return from_lists(reduce_importance(logs)["importance"])
-
-
-def load_results(path: str, config: dict) -> List[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        saved = json.load(f)
-    if saved.get("config") != config:
-        raise HeadPruneError(f"{path} holds a sweep with other settings; use another --output-dir "
-                             f"or delete it.")
-    return saved["rows"]
 
 
 def write_csv(path: str, rows: List[dict]):
@@ -83,7 +69,7 @@ def run_sweep(data: str, path: str, importance: str, output_dir: str,
               "max_sentences": max_sentences, "keep_one_per_layer": keep_one_per_layer,
               "iterative": iterative}
     results_path = os.path.join(output_dir, "results.json")
-    rows = load_results(results_path, config)
+    rows = load_rows(results_path, config, "a sweep")
     base, task = load_model(path, data, device)
     layout = HeadLayout.from_model(base)
     criterion = None
@@ -100,26 +86,24 @@ def run_sweep(data: str, path: str, importance: str, output_dir: str,
             for level in levels:
                 row = next((r for r in rows if (r["curve"], r["level"]) == (curve, level)), None)
                 if row is not None:  # resumed: only the heads matter for the next level
-                    pruned, current = parse_head_spec(json.dumps(row["heads"])), None
+                    pruned, current = spec_from_json(row["heads"]), None
                     continue
                 if iterative and curve == "all" and pruned:
                     if current is None:
-                        current = copy.deepcopy(base)
-                        remove_heads_from_model(current, pruned)
+                        current = pruned_copy(base, pruned)
                     now = rescore(current, task, rescore_subset, criterion, max_tokens, device)
                     more = choose_heads(now, level, keep_one_per_layer=keep_one_per_layer)
                     spec = merge_specs(pruned, more)
                 else:
                     spec = choose_heads(scores, level, types=CURVES[curve],
                                         keep_one_per_layer=keep_one_per_layer)
-                model = copy.deepcopy(base)
-                remove_heads_from_model(model, spec)
-                text = format_head_spec(spec)
+                text, model = format_head_spec(spec), None
                 if text in by_spec:
                     same = by_spec[text]
                     bleu, signature = same["bleu"], same["signature"]
                     sentences, seconds = same["sentences"], same["decode_seconds"]
                 else:
+                    model = pruned_copy(base, spec)
                     out = translate(model, task, subset, beam, max_tokens,
                                     max_sentences=max_sentences, device=device)
                     bleu, signature = out.bleu()
