@@ -4,4 +4,7 @@ from fairseq_headprune.compat import allow_fairseq_checkpoint_globals
 
 allow_fairseq_checkpoint_globals()
 
-from fairseq_headprune import importance_task, model  # noqa: E402,F401  (register with fairseq)
+from fairseq_headprune.methods import (
+    importance_task,  # noqa: E402,F401  (register with fairseq)
+)
+from fairseq_headprune.model import transformer  # noqa: E402,F401

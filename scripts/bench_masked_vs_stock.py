@@ -14,8 +14,8 @@ from fairseq.data import Dictionary
 from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_headprune.model import HeadPruneTransformerModel
-from fairseq_headprune.timing import interleaved_times, median
+from fairseq_headprune.evaluation.timing import interleaved_times, median
+from fairseq_headprune.model.transformer import HeadPruneTransformerModel
 
 
 def build(cls, arch_fn, dictionary, args):

@@ -73,4 +73,4 @@ fairseq-headprune ablate "$BIN" --path "$MODEL" --mode best-per-layer \
 echo "== 7/7 summary"
 fairseq-headprune inspect --path "$OUT/sweep/pruned_50.pt" > "$OUT/pruned_50_layout.txt"
 head -4 "$OUT/pruned_50_layout.txt"
-"$PY" -m fairseq_headprune.summary "$OUT"
+"$PY" -m fairseq_headprune.evaluation.summary "$OUT"

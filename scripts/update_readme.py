@@ -11,8 +11,8 @@ import argparse
 import os
 import re
 
+from fairseq_headprune.evaluation.summary import summarize
 from fairseq_headprune.io import write_text
-from fairseq_headprune.summary import summarize
 
 
 def main():

@@ -125,7 +125,8 @@ def assert_same_hypotheses(a, b, atol=1e-6):
 
 def loss(model, task, sample):
     from fairseq.criterions.label_smoothed_cross_entropy import (
-        LabelSmoothedCrossEntropyCriterion)
+        LabelSmoothedCrossEntropyCriterion,
+    )
 
     crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
     value, _, _ = crit(model, sample)

@@ -5,10 +5,10 @@ import json
 import pytest
 from conftest import run
 
-from fairseq_headprune.ablation import ablation_specs
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.layout import HeadLayout
-from fairseq_headprune.spec import format_head_spec
+from fairseq_headprune.evaluation.ablation import ablation_specs
+from fairseq_headprune.heads.layout import HeadLayout
+from fairseq_headprune.heads.spec import format_head_spec
 
 LAYOUT = HeadLayout({"E": 3, "D": 3, "A": 3}, {"E": [[0, 1, 2], [1, 2]], "D": [[0]],
                                                "A": [[0, 1, 2]]})

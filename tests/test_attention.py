@@ -6,7 +6,7 @@ import pytest
 import torch
 from fairseq.modules import MultiheadAttention
 
-from fairseq_headprune.attention import MaskedMultiheadAttention
+from fairseq_headprune.model.attention import MaskedMultiheadAttention
 
 T, S, B, C, H = 5, 7, 3, 16, 4  # target len, source len, batch, channels, heads
 D = C // H

@@ -5,9 +5,9 @@ from argparse import Namespace
 import pytest
 from conftest import run
 
-from fairseq_headprune.bench import format_bench, run_bench
-from fairseq_headprune.cost import decode_macs, kv_cache_bytes
-from fairseq_headprune.layout import HeadLayout
+from fairseq_headprune.evaluation.bench import format_bench, run_bench
+from fairseq_headprune.evaluation.cost import decode_macs, kv_cache_bytes
+from fairseq_headprune.heads.layout import HeadLayout
 
 ARGS = Namespace(encoder_embed_dim=4, decoder_embed_dim=4, encoder_ffn_embed_dim=8,
                  decoder_ffn_embed_dim=8, encoder_attention_heads=2, decoder_attention_heads=2,

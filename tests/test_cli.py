@@ -7,9 +7,13 @@ import re
 import pytest
 from conftest import USER_DIR, batch, beam_search, load, run
 
-from fairseq_headprune.checkpoint import checkpoint_layout, count_parameters, load_checkpoint
-from fairseq_headprune.masking import mask_heads
-from fairseq_headprune.spec import parse_head_spec
+from fairseq_headprune.heads.spec import parse_head_spec
+from fairseq_headprune.pruning.checkpoint import (
+    checkpoint_layout,
+    count_parameters,
+    load_checkpoint,
+)
+from fairseq_headprune.pruning.masking import mask_heads
 
 SPEC = "E:1:1,2 E:2:4 D:2:1-4 A:1:3"  # includes a zero-head decoder self-attention layer
 C, D = 16, 4  # embed dim, head dim of the tiny model

@@ -5,8 +5,15 @@ import os
 
 import pytest
 
-from fairseq_headprune.corpus import (
-    build_corpus, catalog_files, clean, filter_pairs, is_prose, read_pairs, split_of)
+from fairseq_headprune.data.corpus import (
+    build_corpus,
+    catalog_files,
+    clean,
+    filter_pairs,
+    is_prose,
+    read_pairs,
+    split_of,
+)
 from fairseq_headprune.errors import HeadPruneError
 
 PO = '''msgid ""

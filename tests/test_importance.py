@@ -8,11 +8,12 @@ import pytest
 import torch
 from conftest import USER_DIR, load, run
 
-from fairseq_headprune.importance import GradientImportance, normalize_by_layer
-from fairseq_headprune.importance_task import KEY, reduce_importance
-from fairseq_headprune.layout import attention_modules
-from fairseq_headprune.masking import remove_heads_from_model
-from fairseq_headprune.spec import parse_head_spec
+from fairseq_headprune.heads.layout import attention_modules
+from fairseq_headprune.heads.scores import normalize_by_layer
+from fairseq_headprune.heads.spec import parse_head_spec
+from fairseq_headprune.methods.importance_task import KEY, reduce_importance
+from fairseq_headprune.methods.michel import GradientImportance
+from fairseq_headprune.pruning.masking import remove_heads_from_model
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,8 @@ def model_task(headprune_checkpoint, data_dir):
 
 def criterion(task):
     from fairseq.criterions.label_smoothed_cross_entropy import (
-        LabelSmoothedCrossEntropyCriterion)
+        LabelSmoothedCrossEntropyCriterion,
+    )
 
     return LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
 

@@ -2,16 +2,19 @@
 
 import pytest
 import torch
-from conftest import (
-    assert_same_hypotheses, batch, beam_search, load, loss)
+from conftest import assert_same_hypotheses, batch, beam_search, load, loss
 
-from fairseq_headprune.checkpoint import (
-    checkpoint_layout, count_parameters, load_checkpoint, save_checkpoint)
-from fairseq_headprune.convert import convert_state
-from fairseq_headprune.layout import HeadLayout, attention_modules
-from fairseq_headprune.masking import mask_heads, remove_heads_from_model
-from fairseq_headprune.remove import remove_heads
-from fairseq_headprune.spec import parse_head_spec
+from fairseq_headprune.heads.layout import HeadLayout, attention_modules
+from fairseq_headprune.heads.spec import parse_head_spec
+from fairseq_headprune.pruning.checkpoint import (
+    checkpoint_layout,
+    count_parameters,
+    load_checkpoint,
+    save_checkpoint,
+)
+from fairseq_headprune.pruning.convert import convert_state
+from fairseq_headprune.pruning.masking import mask_heads, remove_heads_from_model
+from fairseq_headprune.pruning.remove import remove_heads
 
 
 @pytest.fixture(scope="module")

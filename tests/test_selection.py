@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.selection import choose_heads, mask_scores, merge_specs
-from fairseq_headprune.spec import format_head_spec
+from fairseq_headprune.heads.spec import format_head_spec
+from fairseq_headprune.pruning.selection import choose_heads, mask_scores, merge_specs
 
 NAN = math.nan
 SCORES = {  # 2 layers x 3 heads per type

@@ -5,8 +5,13 @@ import json
 import pytest
 
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.layout import HeadLayout
-from fairseq_headprune.spec import check_spec, format_head_spec, parse_head_spec, spec_to_json
+from fairseq_headprune.heads.layout import HeadLayout
+from fairseq_headprune.heads.spec import (
+    check_spec,
+    format_head_spec,
+    parse_head_spec,
+    spec_to_json,
+)
 
 PARSED = [
     ("E:1:1", {"E": {0: [0]}}),

@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import run
 
-import fairseq_headprune.sweep as sweep
+import fairseq_headprune.evaluation.sweep as sweep
 from fairseq_headprune.errors import HeadPruneError
 
 

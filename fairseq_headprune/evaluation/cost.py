@@ -8,7 +8,7 @@ measured one is judged.
 
 from typing import Dict
 
-from fairseq_headprune.layout import HeadLayout
+from fairseq_headprune.heads.layout import HeadLayout
 
 
 def _dims(args) -> Dict[str, int]:

@@ -15,16 +15,17 @@ from typing import List, Optional, Sequence
 from fairseq import utils
 from tqdm import tqdm
 
-from fairseq_headprune.decode import batches, load_model, translate
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.importance import GradientImportance, from_lists, read_importance
-from fairseq_headprune.importance_task import reduce_importance, scores_to_log
+from fairseq_headprune.evaluation.decode import batches, load_model, translate
+from fairseq_headprune.heads.layout import HeadLayout
+from fairseq_headprune.heads.scores import from_lists, read_importance
+from fairseq_headprune.heads.spec import format_head_spec, spec_from_json, spec_to_json
 from fairseq_headprune.io import load_rows, write_json, write_text
-from fairseq_headprune.layout import HeadLayout
-from fairseq_headprune.masking import pruned_copy
-from fairseq_headprune.remove import prune_checkpoint
-from fairseq_headprune.selection import choose_heads, merge_specs
-from fairseq_headprune.spec import format_head_spec, spec_from_json, spec_to_json
+from fairseq_headprune.methods.importance_task import reduce_importance, scores_to_log
+from fairseq_headprune.methods.michel import GradientImportance
+from fairseq_headprune.pruning.masking import pruned_copy
+from fairseq_headprune.pruning.remove import prune_checkpoint
+from fairseq_headprune.pruning.selection import choose_heads, merge_specs
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,8 @@ def run_sweep(data: str, path: str, importance: str, output_dir: str,
     criterion = None
     if iterative:
         from fairseq.criterions.label_smoothed_cross_entropy import (
-            LabelSmoothedCrossEntropyCriterion)
+            LabelSmoothedCrossEntropyCriterion,
+        )
         criterion = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False,
                                                        label_smoothing=0.0)
     by_spec = {r["spec"]: r for r in rows}  # level 0 of every curve is one decode

@@ -12,7 +12,7 @@ from fairseq import checkpoint_utils, utils
 from fairseq.data import data_utils
 
 from fairseq_headprune import register  # noqa: F401
-from fairseq_headprune.checkpoint import load_checkpoint
+from fairseq_headprune.pruning.checkpoint import load_checkpoint
 
 
 @dataclass

@@ -11,11 +11,17 @@ from typing import Dict, List
 
 import torch
 
-from fairseq_headprune.checkpoint import (
-    checkpoint_layout, count_parameters, load_checkpoint, parameter_bytes, require_headprune,
-    save_checkpoint, strip_training_state)
-from fairseq_headprune.layout import HeadLayout, module_prefix
-from fairseq_headprune.spec import HeadSpec, check_spec
+from fairseq_headprune.heads.layout import HeadLayout, module_prefix
+from fairseq_headprune.heads.spec import HeadSpec, check_spec
+from fairseq_headprune.pruning.checkpoint import (
+    checkpoint_layout,
+    count_parameters,
+    load_checkpoint,
+    parameter_bytes,
+    require_headprune,
+    save_checkpoint,
+    strip_training_state,
+)
 
 logger = logging.getLogger(__name__)
 

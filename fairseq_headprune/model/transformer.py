@@ -17,8 +17,8 @@ from fairseq.models.transformer import (
     transformer_wmt_en_de,
 )
 
-from fairseq_headprune.layers import HeadPruneDecoder, HeadPruneEncoder
-from fairseq_headprune.layout import HeadLayout
+from fairseq_headprune.heads.layout import HeadLayout
+from fairseq_headprune.model.layers import HeadPruneDecoder, HeadPruneEncoder
 
 ARCH = "transformer_headprune"
 

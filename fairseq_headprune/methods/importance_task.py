@@ -18,10 +18,13 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from fairseq_headprune.importance import SCORERS, Scores, normalize_by_layer, to_lists
+from fairseq_headprune.heads.layout import ATTENTION_TYPES
+from fairseq_headprune.heads.scores import SCORERS, Scores, normalize_by_layer, to_lists
+from fairseq_headprune.heads.spec import spec_to_json
 from fairseq_headprune.io import write_json
-from fairseq_headprune.layout import ATTENTION_TYPES
-from fairseq_headprune.spec import spec_to_json
+from fairseq_headprune.methods import (
+    michel,  # noqa: F401  (registers the gradient scorer)
+)
 
 logger = logging.getLogger(__name__)
 

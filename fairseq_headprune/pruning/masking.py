@@ -6,8 +6,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from fairseq_headprune.layout import HeadLayout, attention_modules
-from fairseq_headprune.spec import HeadSpec, check_spec
+from fairseq_headprune.heads.layout import HeadLayout, attention_modules
+from fairseq_headprune.heads.spec import HeadSpec, check_spec
 
 
 def mask_heads(model: nn.Module, spec: Optional[HeadSpec]):

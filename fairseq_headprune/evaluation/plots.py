@@ -8,8 +8,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from fairseq_headprune.heads.layout import TYPE_NAMES  # noqa: E402
 from fairseq_headprune.io import atomic_path  # noqa: E402
-from fairseq_headprune.layout import TYPE_NAMES  # noqa: E402
 
 CURVE_LABELS = {"all": "all types", **{k: f"{k}: {v}" for k, v in TYPE_NAMES.items()}}
 

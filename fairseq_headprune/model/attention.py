@@ -9,7 +9,7 @@ from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor
 
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.gated_linear import Gate, HeadGatedLinear
+from fairseq_headprune.model.gated_linear import Gate, HeadGatedLinear
 
 
 class MaskedMultiheadAttention(MultiheadAttention):

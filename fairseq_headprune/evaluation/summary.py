@@ -5,8 +5,8 @@ import json
 import os
 from typing import Dict, Optional
 
+from fairseq_headprune.heads.layout import TYPE_NAMES
 from fairseq_headprune.io import write_text
-from fairseq_headprune.layout import TYPE_NAMES
 
 
 def _load(path: str) -> Optional[Dict]:

@@ -17,7 +17,7 @@ import re
 from typing import Dict, List
 
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.layout import ATTENTION_TYPES, TYPE_NAMES, HeadLayout
+from fairseq_headprune.heads.layout import ATTENTION_TYPES, TYPE_NAMES, HeadLayout
 
 HeadSpec = Dict[str, Dict[int, List[int]]]
 

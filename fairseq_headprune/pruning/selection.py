@@ -11,8 +11,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.importance import Scores
-from fairseq_headprune.spec import HeadSpec, normalized
+from fairseq_headprune.heads.scores import Scores
+from fairseq_headprune.heads.spec import HeadSpec, normalized
 
 Head = Tuple[str, int, int]  # type, layer, head (0-based)
 

@@ -10,13 +10,15 @@ from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_REGISTRY
 from omegaconf import OmegaConf
 
-from fairseq_headprune import register  # noqa: F401  (allow-lists checkpoint classes, registers)
+from fairseq_headprune.compat import allow_fairseq_checkpoint_globals
 from fairseq_headprune.errors import HeadPruneError
+from fairseq_headprune.heads.layout import HeadLayout
 from fairseq_headprune.io import atomic_path
-from fairseq_headprune.layout import HeadLayout
-from fairseq_headprune.model import HeadPruneTransformerModel
+from fairseq_headprune.model.transformer import HeadPruneTransformerModel
 
 logger = logging.getLogger(__name__)
+
+allow_fairseq_checkpoint_globals()
 
 _BUFFER_SUFFIXES = ("version", "_float_tensor", "kept_heads")
 

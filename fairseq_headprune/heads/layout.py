@@ -2,7 +2,7 @@
 
 Attention types, as in Michel et al. (2019): ``E`` encoder self-attention, ``D`` decoder
 self-attention, ``A`` decoder encoder-decoder (cross) attention. Internally layers and heads are
-0-based; only the human-readable head spec (:mod:`fairseq_headprune.spec`) is 1-based.
+0-based; only the human-readable head spec (:mod:`fairseq_headprune.heads.spec`) is 1-based.
 """
 
 import json

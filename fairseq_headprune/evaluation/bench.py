@@ -3,9 +3,9 @@
 import logging
 from typing import Dict, List, Optional, Sequence
 
-from fairseq_headprune.cost import decode_macs, kv_cache_bytes
-from fairseq_headprune.decode import load_model, translate
-from fairseq_headprune.layout import HeadLayout
+from fairseq_headprune.evaluation.cost import decode_macs, kv_cache_bytes
+from fairseq_headprune.evaluation.decode import load_model, translate
+from fairseq_headprune.heads.layout import HeadLayout
 
 logger = logging.getLogger(__name__)
 

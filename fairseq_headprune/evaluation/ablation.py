@@ -12,13 +12,13 @@ from typing import Dict, List, Optional, Sequence
 
 from tqdm import tqdm
 
-from fairseq_headprune.decode import load_model, translate
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.importance import read_importance
+from fairseq_headprune.evaluation.decode import load_model, translate
+from fairseq_headprune.heads.layout import HeadLayout
+from fairseq_headprune.heads.scores import read_importance
+from fairseq_headprune.heads.spec import HeadSpec, format_head_spec
 from fairseq_headprune.io import load_rows, write_json
-from fairseq_headprune.layout import HeadLayout
-from fairseq_headprune.masking import pruned_copy
-from fairseq_headprune.spec import HeadSpec, format_head_spec
+from fairseq_headprune.pruning.masking import pruned_copy
 
 MODES = ("single", "best-per-layer")
 

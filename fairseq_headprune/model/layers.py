@@ -10,8 +10,8 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
-from fairseq_headprune.attention import MaskedMultiheadAttention
 from fairseq_headprune.errors import HeadPruneError
+from fairseq_headprune.model.attention import MaskedMultiheadAttention
 
 
 def _no_activation_checkpointing(cfg):

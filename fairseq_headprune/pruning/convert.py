@@ -4,10 +4,15 @@ import torch
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 
-from fairseq_headprune.checkpoint import load_checkpoint, model_args, model_class, strip_training_state
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.layout import ATTENTION_TYPES, module_prefix
-from fairseq_headprune.model import ARCH
+from fairseq_headprune.heads.layout import ATTENTION_TYPES, module_prefix
+from fairseq_headprune.model.transformer import ARCH
+from fairseq_headprune.pruning.checkpoint import (
+    load_checkpoint,
+    model_args,
+    model_class,
+    strip_training_state,
+)
 
 
 def headprune_arch(stock_arch: str) -> str:

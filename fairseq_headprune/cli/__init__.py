@@ -1,0 +1,48 @@
+"""``fairseq-headprune``: the command-line entry point. It only builds the parser from the
+subcommand modules of this package and dispatches; no logic lives here.
+
+Subcommand groups: :mod:`.checkpoints` (convert, prune, inspect), :mod:`.scoring` (importance,
+choose), :mod:`.evaluation` (sweep, ablate, bench), :mod:`.data` (corpus).
+"""
+
+import argparse
+import logging
+import sys
+
+from fairseq_headprune.cli import checkpoints, data, evaluation, scoring
+from fairseq_headprune.errors import HeadPruneError
+
+GROUPS = (checkpoints, data, scoring, evaluation)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fairseq-headprune",
+        description="Score, prune and physically remove attention heads of fairseq Transformers. "
+                    "Head specs are 1-based: E:1:1,2 (encoder self), D:... (decoder self), "
+                    "A:... (encoder-decoder).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in GROUPS:
+        group.add_parsers(sub)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO,
+                        stream=sys.stderr)
+    logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)  # tensorboardX
+    try:
+        if getattr(args, "passthrough", False):
+            args.func(args, extra)
+        else:
+            args.func(args)
+    except HeadPruneError as err:
+        parser.exit(2, f"fairseq-headprune {args.command}: error: {err}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Subcommands that read and write checkpoints: ``convert``, ``prune``, ``inspect``."""
+
+from fairseq_headprune.cli.common import file_size
+
+
+def cmd_convert(args):
+    from fairseq_headprune.pruning.checkpoint import save_checkpoint
+    from fairseq_headprune.pruning.convert import convert_checkpoint
+
+    state = convert_checkpoint(args.path)
+    save_checkpoint(state, args.output)
+    print(f"converted {args.path} -> {args.output} (arch {state['cfg']['model'].arch})")
+
+
+def cmd_prune(args):
+    from fairseq_headprune.heads.spec import format_head_spec, parse_head_spec
+    from fairseq_headprune.pruning.remove import prune_checkpoint
+
+    spec = parse_head_spec(args.heads)
+    r = prune_checkpoint(args.path, spec, args.output)
+    print(f"removed {r['removed']} heads ({format_head_spec(spec)}): "
+          f"{r['heads_before']} -> {r['heads_after']} heads")
+    print(f"parameters: {r['params_before']:,} -> {r['params_after']:,} "
+          f"({r['params_after'] - r['params_before']:+,})")
+    print(f"weights:    {r['bytes_before'] / 2**20:.2f} MiB -> {r['bytes_after'] / 2**20:.2f} MiB")
+    print(f"file size:  {file_size(args.path)} -> {file_size(args.output)} "
+          f"(optimizer state dropped)")
+
+
+def cmd_inspect(args):
+    from fairseq_headprune.heads.layout import TYPE_NAMES
+    from fairseq_headprune.pruning.checkpoint import (
+        checkpoint_layout,
+        count_parameters,
+        load_checkpoint,
+        require_headprune,
+    )
+
+    state = load_checkpoint(args.path)
+    require_headprune(state, args.path)
+    layout = checkpoint_layout(state)
+    print(f"{args.path}: {count_parameters(state['model']):,} parameters, "
+          f"{layout.count()} heads kept")
+    for kind, layers in layout.kept.items():
+        total = layout.num_heads[kind] * len(layers)
+        print(f"{kind} ({TYPE_NAMES[kind]}): {layout.count(kind)}/{total} heads")
+        for layer, kept in enumerate(layers):
+            heads = ",".join(str(h + 1) for h in kept) or "-"
+            print(f"  {kind}:{layer + 1}  {len(kept)}/{layout.num_heads[kind]}  heads {heads}")
+
+
+def add_parsers(sub):
+    p = sub.add_parser("convert", help="stock transformer checkpoint -> transformer_headprune")
+    p.add_argument("--path", required=True, help="stock fairseq transformer checkpoint")
+    p.add_argument("-o", "--output", required=True, help="converted checkpoint to write")
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("prune", help="physically remove heads from a checkpoint")
+    p.add_argument("--path", required=True, help="transformer_headprune checkpoint")
+    p.add_argument("--heads", required=True,
+                   help="heads to remove: 1-based spec such as 'E:1:1,2 A:6:3', JSON, or a file")
+    p.add_argument("-o", "--output", required=True, help="pruned checkpoint to write")
+    p.set_defaults(func=cmd_prune)
+
+    p = sub.add_parser("inspect", help="print the head layout of a checkpoint")
+    p.add_argument("--path", required=True, help="transformer_headprune checkpoint")
+    p.set_defaults(func=cmd_inspect)

@@ -1,0 +1,106 @@
+"""Subcommands that decode and measure: ``sweep``, ``ablate``, ``bench``."""
+
+import os
+
+from fairseq_headprune.cli.common import default_device, floats, ints
+
+
+def cmd_sweep(args):
+    from fairseq_headprune.evaluation.plots import plot_heatmap, plot_sweep
+    from fairseq_headprune.evaluation.sweep import run_sweep
+
+    rows = run_sweep(args.data, args.path, args.importance, args.output_dir, args.levels,
+                     args.curves, args.subset, args.beam, args.max_tokens, args.max_sentences,
+                     args.keep_one_per_layer, args.iterative, args.rescore_subset,
+                     args.save_levels, args.device)
+    results = os.path.join(args.output_dir, "results.json")
+    plot_sweep(results, os.path.join(args.output_dir, "bleu_vs_pruned.png"))
+    plot_heatmap(args.importance, os.path.join(args.output_dir, "importance.png"))
+    for r in rows:
+        print(f"{r['curve']:4s} {r['level'] * 100:5.1f}% pruned ({r['heads_pruned']:3d}/"
+              f"{r['heads_total']}) BLEU {r['bleu']:6.2f}")
+    print(f"signature: {rows[0]['signature'] if rows else '-'}")
+
+
+def cmd_bench(args):
+    from fairseq_headprune.evaluation.bench import format_bench, run_bench
+    from fairseq_headprune.io import write_json
+
+    report = run_bench(args.data, args.path, args.pruned, args.subset, args.beam,
+                       args.batch_sizes, args.max_sentences, args.repeats, args.device,
+                       None if args.free_length else args.fixed_length)
+    if args.output:
+        write_json(args.output, report)
+    print(format_bench(report))
+
+
+def cmd_ablate(args):
+    from fairseq_headprune.evaluation.ablation import run_ablation
+
+    result = run_ablation(args.data, args.path, args.output_dir, args.mode, args.types,
+                          args.importance, args.subset, args.beam, args.max_tokens,
+                          args.max_sentences, args.device)
+    for row in result["rows"]:
+        print(f"{row['spec'] or 'unpruned':40s} BLEU {row['bleu']:6.2f} ({row['delta']:+.2f})")
+    print(f"signature: {result['rows'][0]['signature']}")
+
+
+def add_parsers(sub):
+    device = default_device()
+
+    p = sub.add_parser("sweep", help="BLEU vs. share of heads pruned, with plots")
+    p.add_argument("data", help="fairseq-preprocess output folder")
+    p.add_argument("--path", required=True, help="transformer_headprune checkpoint")
+    p.add_argument("--importance", required=True, help="importance JSON")
+    p.add_argument("-o", "--output-dir", required=True, help="results folder (resumable)")
+    p.add_argument("--levels", type=floats, default=[i / 10 for i in range(10)],
+                   help="fractions pruned (default: 0,0.1,...,0.9)")
+    p.add_argument("--curves", nargs="+", default=["all", "E", "D", "A"],
+                   help="all types together and/or one type alone (default: %(default)s)")
+    p.add_argument("--subset", default="test", help="(default: %(default)s)")
+    p.add_argument("--beam", type=int, default=5, help="(default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=4000, help="(default: %(default)s)")
+    p.add_argument("--max-sentences", type=int, help="decode only the first N sentences")
+    p.add_argument("--keep-one-per-layer", action="store_true", help="never empty a layer")
+    p.add_argument("--iterative", action="store_true",
+                   help="re-score the pruned model before each level (curve 'all')")
+    p.add_argument("--rescore-subset", default="valid", help="(default: %(default)s)")
+    p.add_argument("--save-levels", type=floats, default=[],
+                   help="levels whose pruned checkpoint to write, e.g. 0.5")
+    p.add_argument("--device", default=device, help="(default: %(default)s)")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("ablate", help="Michel et al.'s ablations: remove one head at a time "
+                                      "(Table 1) or keep only the best head of a layer (Table 2)")
+    p.add_argument("data", help="fairseq-preprocess output folder")
+    p.add_argument("--path", required=True, help="transformer_headprune checkpoint")
+    p.add_argument("--mode", choices=["single", "best-per-layer"], default="single",
+                   help="(default: %(default)s)")
+    p.add_argument("--types", default="EDA", help="attention types (default: %(default)s)")
+    p.add_argument("--importance", help="importance JSON (best-per-layer ranks heads by it)")
+    p.add_argument("-o", "--output-dir", required=True, help="results folder (resumable)")
+    p.add_argument("--subset", default="test", help="(default: %(default)s)")
+    p.add_argument("--beam", type=int, default=5, help="(default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=4000, help="(default: %(default)s)")
+    p.add_argument("--max-sentences", type=int, help="decode only the first N sentences")
+    p.add_argument("--device", default=device, help="(default: %(default)s)")
+    p.set_defaults(func=cmd_ablate)
+
+    p = sub.add_parser("bench", help="decoding speed: unpruned vs physically pruned")
+    p.add_argument("data", help="fairseq-preprocess output folder")
+    p.add_argument("--path", required=True, help="unpruned checkpoint")
+    p.add_argument("--pruned", required=True, help="pruned checkpoint")
+    p.add_argument("--subset", default="test", help="(default: %(default)s)")
+    p.add_argument("--beam", type=int, default=5, help="(default: %(default)s)")
+    p.add_argument("--batch-sizes", type=ints, default=[1, 64], help="(default: 1,64)")
+    p.add_argument("--max-sentences", type=int, default=200, help="(default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="alternating rounds; the fastest counts (default: %(default)s)")
+    p.add_argument("--fixed-length", type=int, default=0,
+                   help="force every hypothesis to this many tokens so both models decode the "
+                        "same steps; 0: the mean reference length (default: %(default)s)")
+    p.add_argument("--free-length", action="store_true",
+                   help="decode freely instead (a worse model may decode longer)")
+    p.add_argument("--device", default=device, help="(default: %(default)s)")
+    p.add_argument("-o", "--output", help="report JSON to write")
+    p.set_defaults(func=cmd_bench)

@@ -1,0 +1,66 @@
+"""Subcommands that score heads and choose which to prune: ``importance``, ``choose``."""
+
+import sys
+
+
+def cmd_importance(args, extra):
+    """fairseq-validate with the head_importance task swapped in for the checkpoint's task.
+
+    fairseq-validate builds the task saved in the checkpoint and ignores --task, so the task is
+    switched through --model-overrides, which is what a user of stock fairseq-validate types.
+    """
+    from fairseq_cli import validate
+
+    from fairseq_headprune import register  # noqa: F401  (the head_importance task)
+    from fairseq_headprune.pruning.checkpoint import load_checkpoint, require_headprune
+
+    require_headprune(load_checkpoint(args.path), args.path)
+    overrides = {"task": {"_name": "head_importance", "importance_output": args.output,
+                          "importance_abs": args.abs, "importance_normalize": args.normalize}}
+    sys.argv = ["fairseq-validate", args.data, "--task", "head_importance", "--path", args.path,
+                "--valid-subset", args.subset, "--model-overrides", repr(overrides), *extra]
+    if not any(a.startswith(("--max-tokens", "--batch-size")) for a in extra):
+        sys.argv += ["--max-tokens", "4000"]
+    validate.cli_main()
+
+
+def cmd_choose(args):
+    from fairseq_headprune.heads.scores import read_importance
+    from fairseq_headprune.heads.spec import format_head_spec, spec_to_json
+    from fairseq_headprune.io import write_json
+    from fairseq_headprune.pruning.selection import choose_heads
+
+    scores = read_importance(args.importance)
+    spec = choose_heads(scores, args.amount, args.scope, args.types, args.keep_one_per_layer)
+    if args.output:
+        write_json(args.output, {"heads": spec_to_json(spec), "spec": format_head_spec(spec),
+                                 "amount": args.amount, "scope": args.scope,
+                                 "types": args.types, "importance": args.importance})
+    print(format_head_spec(spec))
+
+
+def add_parsers(sub):
+    p = sub.add_parser("importance", help="Michel et al. head importance (runs fairseq-validate "
+                                          "with --task head_importance); other options pass "
+                                          "through to fairseq-validate")
+    p.add_argument("data", help="fairseq-preprocess output folder")
+    p.add_argument("--path", required=True, help="transformer_headprune checkpoint")
+    p.add_argument("--subset", default="valid", help="(default: %(default)s)")
+    p.add_argument("--abs", choices=["sentence", "batch"], default="sentence",
+                   help="|gradient| per sentence (paper) or per batch (authors' code) "
+                        "(default: %(default)s)")
+    p.add_argument("--normalize", choices=["layer_l2", "none"], default="layer_l2",
+                   help="(default: %(default)s)")
+    p.add_argument("-o", "--output", required=True, help="importance JSON to write")
+    p.set_defaults(func=cmd_importance, passthrough=True)
+
+    p = sub.add_parser("choose", help="heads to prune from an importance JSON")
+    p.add_argument("--importance", required=True, help="importance JSON")
+    p.add_argument("--amount", type=float, required=True,
+                   help="fraction (<1) or count (>=1) of heads to have removed")
+    p.add_argument("--scope", choices=["global", "type", "layer"], default="global",
+                   help="rank all heads together, per type or per layer (default: %(default)s)")
+    p.add_argument("--types", default="EDA", help="attention types in scope (default: %(default)s)")
+    p.add_argument("--keep-one-per-layer", action="store_true", help="never empty a layer")
+    p.add_argument("-o", "--output", help="head spec JSON to write (prune --heads reads it)")
+    p.set_defaults(func=cmd_choose)

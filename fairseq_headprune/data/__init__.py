@@ -1,0 +1,1 @@
+"""Data builders: the embedded gettext demo corpus."""
