@@ -1,7 +1,7 @@
 """``fairseq-headprune``: the command-line entry point. It only builds the parser from the
 subcommand modules of this package and dispatches; no logic lives here.
 
-Subcommand groups: :mod:`.checkpoints` (convert, prune, inspect), :mod:`.scoring` (importance,
+Subcommand groups: :mod:`.checkpoints` (convert, prune, fold, inspect), :mod:`.scoring` (importance,
 choose), :mod:`.evaluation` (sweep, ablate, bench), :mod:`.data` (corpus).
 """
 
@@ -36,6 +36,8 @@ def main(argv=None):
                         stream=sys.stderr)
     logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)  # tensorboardX
     try:
+        from fairseq_headprune import register  # noqa: F401  (archs, tasks, gate kinds)
+
         if getattr(args, "passthrough", False):
             args.func(args, extra)
         else:

@@ -1,4 +1,4 @@
-"""Subcommands that read and write checkpoints: ``convert``, ``prune``, ``inspect``."""
+"""Subcommands that read and write checkpoints: ``convert``, ``prune``, ``fold``, ``inspect``."""
 
 from fairseq_headprune.cli.common import file_size
 
@@ -27,26 +27,45 @@ def cmd_prune(args):
           f"(optimizer state dropped)")
 
 
+def cmd_fold(args):
+    from fairseq_headprune.pruning.fold import fold_checkpoint
+
+    r = fold_checkpoint(args.path, args.output)
+    print(f"folded the gates of {args.path} -> {args.output}: removed {r['removed']} heads with "
+          f"gate 0, folded {r['scaled']} fractional gates into out_proj; "
+          f"{r['heads_before']} -> {r['heads_after']} heads")
+    print(f"parameters: {r['params_before']:,} -> {r['params_after']:,} "
+          f"({r['params_after'] - r['params_before']:+,})")
+
+
 def cmd_inspect(args):
     from fairseq_headprune.heads.layout import TYPE_NAMES
+    from fairseq_headprune.model.gates import module_key
     from fairseq_headprune.pruning.checkpoint import (
-        checkpoint_layout,
-        count_parameters,
-        load_checkpoint,
-        require_headprune,
-    )
+        checkpoint_layout, count_parameters, load_checkpoint, require_headprune)
+    from fairseq_headprune.pruning.fold import checkpoint_gates
 
     state = load_checkpoint(args.path)
-    require_headprune(state, args.path)
+    require_headprune(state, args.path, gates_ok=True)
     layout = checkpoint_layout(state)
+    gates = checkpoint_gates(state)
+    values = gates.eval_values() if gates is not None else {}
     print(f"{args.path}: {count_parameters(state['model']):,} parameters, "
           f"{layout.count()} heads kept")
+    if gates is not None:
+        types = "".join(k for k in TYPE_NAMES if any(key[0] == k for key in gates.heads))
+        print(f"head gates: {gates.kind} on {types} (evaluation value per kept head; "
+              f"'fairseq-headprune fold' removes the heads at 0)")
     for kind, layers in layout.kept.items():
         total = layout.num_heads[kind] * len(layers)
         print(f"{kind} ({TYPE_NAMES[kind]}): {layout.count(kind)}/{total} heads")
         for layer, kept in enumerate(layers):
             heads = ",".join(str(h + 1) for h in kept) or "-"
-            print(f"  {kind}:{layer + 1}  {len(kept)}/{layout.num_heads[kind]}  heads {heads}")
+            line = f"  {kind}:{layer + 1}  {len(kept)}/{layout.num_heads[kind]}  heads {heads}"
+            value = values.get(module_key(kind, layer))
+            if value is not None:
+                line += "  gates " + (" ".join(f"{g:.3f}" for g in value.tolist()) or "-")
+            print(line)
 
 
 def add_parsers(sub):
@@ -62,6 +81,12 @@ def add_parsers(sub):
     p.add_argument("-o", "--output", required=True, help="pruned checkpoint to write")
     p.set_defaults(func=cmd_prune)
 
-    p = sub.add_parser("inspect", help="print the head layout of a checkpoint")
+    p = sub.add_parser("fold", help="gated checkpoint -> plain pruned checkpoint: remove heads "
+                                    "whose gate is 0, fold the other gate values into out_proj")
+    p.add_argument("--path", required=True, help="transformer_headprune checkpoint with gates")
+    p.add_argument("-o", "--output", required=True, help="pruned checkpoint to write")
+    p.set_defaults(func=cmd_fold)
+
+    p = sub.add_parser("inspect", help="print the head layout (and gate values) of a checkpoint")
     p.add_argument("--path", required=True, help="transformer_headprune checkpoint")
     p.set_defaults(func=cmd_inspect)

@@ -12,7 +12,7 @@ from fairseq import checkpoint_utils, utils
 from fairseq.data import data_utils
 
 from fairseq_headprune import register  # noqa: F401
-from fairseq_headprune.pruning.checkpoint import load_checkpoint
+from fairseq_headprune.pruning.checkpoint import load_checkpoint, refuse_gates
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Translation:
 
 def load_model(path: str, data: str, device: str = "cpu"):
     """Load a checkpoint (after a one-sentence check) with fairseq's loader; eval mode."""
-    load_checkpoint(path)  # clear errors for missing, corrupt or foreign files
+    refuse_gates(load_checkpoint(path), path)  # clear errors for bad files and gated models
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [path], arg_overrides={"data": data})
     return models[0].to(device).eval(), task

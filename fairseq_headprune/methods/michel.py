@@ -6,6 +6,7 @@ from typing import List, Tuple
 import torch
 import torch.nn as nn
 
+from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.heads.layout import HeadLayout, attention_modules
 from fairseq_headprune.heads.scores import HeadImportance, empty_scores, register_scorer
 
@@ -36,8 +37,11 @@ class GradientImportance(HeadImportance):
         for kind, layer, module in attention_modules(model):
             if module.num_heads == 0:
                 continue
+            if module.head_gate is not None:
+                raise HeadPruneError(f"{kind}:{layer + 1} already has a head gate; gradient "
+                                     f"importance scores ungated models (fold gates first).")
             shape = (bsz, module.num_heads) if self.absolute == "sentence" else (module.num_heads,)
-            gate = torch.ones(shape, device=device, requires_grad=True)
+            gate = torch.ones(shape, device=device, requires_grad=True)  # a probe in the slot
             module.head_gate = gate
             gates.append((kind, layer, module, gate))
         try:

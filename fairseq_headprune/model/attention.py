@@ -12,6 +12,11 @@ from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.model.gated_linear import Gate, HeadGatedLinear
 
 
+def gate_active(gate: Gate) -> bool:
+    """Whether a gate slot value can change the output (a gate handle may know it cannot)."""
+    return gate is not None and getattr(gate, "active", True)
+
+
 class MaskedMultiheadAttention(MultiheadAttention):
     """Multi-head attention whose heads can be gated (masked) and removed.
 
@@ -50,7 +55,7 @@ class MaskedMultiheadAttention(MultiheadAttention):
     def skip_embed_dim_check(self) -> bool:
         return (
             self._skip_embed_dim_check
-            or self.out_proj.gate is not None
+            or gate_active(self.out_proj.gate)
             or self.num_heads != self.original_num_heads
         )
 
@@ -71,8 +76,9 @@ class MaskedMultiheadAttention(MultiheadAttention):
         """Reshape the module to hold exactly the original heads ``kept`` (0-based, ascending).
 
         Weights of heads the module already holds move to their new place; a head it does not hold
-        gets zeros (only used when a checkpoint with more heads is about to be loaded). Any gate
-        is cleared, since its length no longer matches.
+        gets zeros (only used when a checkpoint with more heads is about to be loaded). A gate
+        tensor is cleared, since its length no longer matches; a gate handle stays (the model's
+        gate module adopts the new head counts itself).
 
         Args:
             kept: original head indices to hold, each in ``range(original_num_heads)``.
@@ -98,7 +104,8 @@ class MaskedMultiheadAttention(MultiheadAttention):
         self.kept_heads = kept.to(self.kept_heads.device)
         self.num_heads = len(kept)
         self.embed_dim = len(kept) * d
-        self.head_gate = None
+        if isinstance(self.head_gate, torch.Tensor):
+            self.head_gate = None
 
     def _moved(self, param: Tensor, kept: Tensor, position: Dict[int, int], dim: int):
         d = self.head_dim

@@ -1,12 +1,12 @@
 """The head gate: an ``out_proj`` that scales each head's slice of its input by that head's gate."""
 
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-Gate = Union[None, torch.Tensor, nn.Module]
+Gate = Union[None, torch.Tensor, Callable[[], torch.Tensor]]
 
 
 class HeadGatedLinear(nn.Linear):
@@ -19,7 +19,8 @@ class HeadGatedLinear(nn.Linear):
     - ``None``: no gate (all heads open); the attention may take fairseq's fused fast path.
     - a tensor of shape ``[num_heads]`` (one gate per head) or ``[batch, num_heads]`` (one per
       sentence, used to read per-sentence gradients d L(x) / d xi_h);
-    - an ``nn.Module`` called with no arguments that returns such a tensor (a learned gate).
+    - a callable with no arguments that returns such a tensor: the model's gate module hands each
+      attention module a ``GateHandle`` (see :mod:`fairseq_headprune.model.gates`).
 
     The parameters keep the names ``weight`` and ``bias``, so state dicts match stock fairseq.
     """
@@ -32,13 +33,13 @@ class HeadGatedLinear(nn.Linear):
 
     def gate_values(self) -> Optional[torch.Tensor]:
         """Return the current gate tensor, or None when no gate is set."""
-        if isinstance(self.gate, nn.Module):
-            return self.gate()
-        return self.gate
+        if self.gate is None or isinstance(self.gate, torch.Tensor):
+            return self.gate
+        return self.gate()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate = self.gate_values()
-        if gate is not None:
+        if gate is not None and x.size(-1) > 0:
             heads = x.unflatten(-1, (-1, self.head_dim))  # T x B x H x d
             x = (heads * gate.unsqueeze(-1).to(heads.dtype)).flatten(-2)  # T x B x (H*d)
         return F.linear(x, self.weight, self.bias)

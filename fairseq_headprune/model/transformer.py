@@ -18,6 +18,9 @@ from fairseq.models.transformer import (
 )
 
 from fairseq_headprune.heads.layout import HeadLayout
+from fairseq_headprune.model.gates import (
+    GATE_REGISTRY, attach_gates, build_gates, gate_types_arg, gated_heads, gates_of,
+    parse_gate_types)
 from fairseq_headprune.model.layers import HeadPruneDecoder, HeadPruneEncoder
 
 ARCH = "transformer_headprune"
@@ -32,6 +35,10 @@ class HeadPruneTransformerModel(TransformerModel):
     each attention module's ``kept_heads`` buffer. Loading a state dict reshapes the modules to the
     buffers' layout, so ``fairseq-train --restore-file pruned.pt`` needs no layout on the command
     line.
+
+    ``--head-gates KIND`` gives the model one gate module of a registered kind (``mask``, and the
+    kinds the methods register: ``hard_concrete``, ``subset``) over the attention types of
+    ``--head-gates-types``; see :mod:`fairseq_headprune.model.gates`.
     """
 
     @classmethod
@@ -42,13 +49,39 @@ class HeadPruneTransformerModel(TransformerModel):
             help="kept heads per attention type and layer, as written by 'fairseq-headprune "
                  "prune' (default: all heads)",
         )
+        parser.add_argument(
+            "--head-gates", type=str, metavar="KIND", choices=sorted(GATE_REGISTRY),
+            help="give the model a gate module of this kind, one gate per head of the types in "
+                 "--head-gates-types (choices: " + ", ".join(sorted(GATE_REGISTRY)) + "; "
+                 "default: no gates)",
+        )
+        parser.add_argument(
+            "--head-gates-types", type=gate_types_arg, metavar="TYPES", default="E,D,A",
+            help="attention types that get gates: E encoder self, D decoder self, A "
+                 "encoder-decoder (default: E,D,A)",
+        )
+        for kind in sorted(GATE_REGISTRY):
+            GATE_REGISTRY[kind].add_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
         model = super().build_model(args, task)
         if getattr(args, "head_layout", None):
             HeadLayout.from_json(args.head_layout).apply(model)
+        model.head_gates = None
+        kind = getattr(args, "head_gates", None)
+        if kind:
+            types = parse_gate_types(getattr(args, "head_gates_types", None) or "E,D,A")
+            attach_gates(model, build_gates(kind, gated_heads(model, types), args))
         return model
+
+    def forward(self, *args, **kwargs):
+        """fairseq's forward; a gate module first forgets the previous batch's gates, so a
+        training batch draws one fresh sample for every gated module."""
+        gates = gates_of(self)
+        if gates is not None:
+            gates.reset()
+        return super().forward(*args, **kwargs)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

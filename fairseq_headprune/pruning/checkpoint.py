@@ -52,15 +52,31 @@ def model_class(state: dict):
     return arch, ARCH_MODEL_REGISTRY.get(arch)
 
 
-def require_headprune(state: dict, path: str) -> Namespace:
-    """Check that ``state`` holds a ``transformer_headprune`` model; return its options."""
+def require_headprune(state: dict, path: str, gates_ok: bool = False) -> Namespace:
+    """Check that ``state`` holds a ``transformer_headprune`` model; return its options.
+
+    Unless ``gates_ok``, a model with a gate module (``--head-gates``) is refused with the command
+    that folds its gates.
+    """
     arch, cls = model_class(state)
     if cls is not HeadPruneTransformerModel:
         hint = (" Convert it first with 'fairseq-headprune convert'."
                 if cls is not None and issubclass(cls, HeadPruneTransformerModel.__mro__[1]) else "")
         raise HeadPruneError(
             f"{path} holds a '{arch}' model, not a transformer_headprune model.{hint}")
+    if not gates_ok:
+        refuse_gates(state, path)
     return model_args(state)
+
+
+def refuse_gates(state: dict, path: str):
+    """One sentence naming the command that folds a gated checkpoint's gates."""
+    kind = getattr(model_args(state), "head_gates", None)
+    if kind:
+        raise HeadPruneError(
+            f"{path} has '{kind}' head gates, which this command does not handle; fold them into "
+            f"a plain pruned checkpoint first with 'fairseq-headprune fold --path {path} -o "
+            f"FOLDED.pt'.")
 
 
 def original_heads(args) -> Dict[str, int]:

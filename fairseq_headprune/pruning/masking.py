@@ -6,32 +6,44 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.heads.layout import HeadLayout, attention_modules
 from fairseq_headprune.heads.spec import HeadSpec, check_spec
+from fairseq_headprune.model.gates import (
+    FixedGates, attach_gates, detach_gates, gated_heads, gates_of, module_key)
 
 
 def mask_heads(model: nn.Module, spec: Optional[HeadSpec]):
     """Close (gate to 0) the original heads named in ``spec``; every other head gets gate 1.
 
-    Modules with no head named keep no gate, so they stay on fairseq's fused path. Heads already
-    removed from the model are ignored.
+    The model gets a ``mask`` gate module (:class:`FixedGates`), replacing any ``mask`` gates it
+    had; modules with no head named are inactive, so they stay on fairseq's fused path. Heads
+    already removed from the model are ignored. An empty spec removes the mask.
     """
     spec = spec or {}
     check_spec(spec, HeadLayout.from_model(model))
+    current = gates_of(model)
+    if current is not None and not isinstance(current, FixedGates):
+        raise HeadPruneError(f"this model has {current.kind} head gates; fold them first.")
+    if not any(spec.values()):
+        detach_gates(model)
+        return
+    gates = FixedGates(gated_heads(model, "EDA"))
+    values = {}
     for kind, layer, module in attention_modules(model):
         closed = set(spec.get(kind, {}).get(layer, []))
-        kept = module.kept_heads.tolist()
-        if closed & set(kept):
-            gate = torch.tensor([0.0 if h in closed else 1.0 for h in kept],
-                                device=module.kept_heads.device)
-            module.head_gate = gate
-        else:
-            module.head_gate = None
+        values[module_key(kind, layer)] = torch.tensor(
+            [0.0 if h in closed else 1.0 for h in module.kept_heads.tolist()])
+    gates.set_values(values)
+    attach_gates(model, gates)
 
 
 def remove_heads_from_model(model: nn.Module, spec: HeadSpec):
     """Physically remove the heads named in ``spec`` from a live model (in place)."""
     check_spec(spec, HeadLayout.from_model(model))
+    if gates_of(model) is not None:
+        raise HeadPruneError(f"this model has {gates_of(model).kind} head gates; fold them "
+                             f"before removing heads.")
     for kind, layer, module in attention_modules(model):
         closed = set(spec.get(kind, {}).get(layer, []))
         if closed:

@@ -2,8 +2,8 @@
 
 Head h of a fairseq attention module owns rows ``h*d:(h+1)*d`` of ``q_proj``, ``k_proj`` and
 ``v_proj`` (weight and bias) and the same columns of ``out_proj.weight``; removing it deletes them
-and the head's entry in ``kept_heads``. ``out_proj.bias`` stays. Per-head tensors of a learned gate
-(``out_proj.gate.*``, one entry per kept head) are sliced the same way.
+and the head's entry in ``kept_heads``. ``out_proj.bias`` stays. A checkpoint with a gate module
+(``--head-gates``) is folded first (:mod:`fairseq_headprune.pruning.fold`).
 """
 
 import logging
@@ -57,10 +57,6 @@ def remove_module_heads(state_dict: Dict[str, torch.Tensor], prefix: str, heads:
             state_dict[prefix + name] = state_dict[prefix + name].index_select(2, rows).clone()
     out = prefix + "out_proj.weight"
     state_dict[out] = state_dict[out].index_select(1, rows).clone()
-    positions = torch.tensor(keep, dtype=torch.long)
-    for key in [k for k in state_dict if k.startswith(prefix + "out_proj.gate.")]:
-        if state_dict[key].dim() and state_dict[key].size(0) == len(kept):
-            state_dict[key] = state_dict[key].index_select(0, positions).clone()
     state_dict[prefix + "kept_heads"] = torch.tensor([kept[p] for p in keep], dtype=torch.long)
     return len(kept) - len(keep)
 

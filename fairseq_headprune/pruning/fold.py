@@ -1,0 +1,79 @@
+"""Folding: turn a model with continuous head gates into a plain pruned ``transformer_headprune``.
+
+Shared by every method that learns gates (Voita's Hard Concrete, DSP's subset, fixed masks):
+heads whose evaluation gate is exactly 0 are removed, each surviving head's gate value is
+multiplied into its ``out_proj`` columns (the gate scales the head's context right before
+``out_proj``, so ``out_proj(g * ctx) == (out_proj.weight * g) ctx``), and the gate module is
+dropped. The result has no ``head_gates`` entries and decodes in stock ``fairseq-generate
+--user-dir user_dir``, with the gated model's outputs.
+"""
+
+from typing import Dict
+
+from fairseq_headprune.errors import HeadPruneError
+from fairseq_headprune.heads.layout import module_prefix
+from fairseq_headprune.heads.spec import HeadSpec
+from fairseq_headprune.model.gates import gates_from_state_dict, split_key
+from fairseq_headprune.pruning.checkpoint import (
+    checkpoint_layout, count_parameters, load_checkpoint, model_args, require_headprune,
+    save_checkpoint, strip_training_state)
+from fairseq_headprune.pruning.remove import remove_heads
+
+
+def checkpoint_gates(state: dict):
+    """The gate module of a loaded gated checkpoint (eval values via ``.eval_values()``), or None."""
+    args = model_args(state)
+    kind = getattr(args, "head_gates", None)
+    if not kind:
+        return None
+    return gates_from_state_dict(kind, getattr(args, "head_gates_types", "E,D,A"),
+                                 state["model"], args)
+
+
+def fold_state(state: dict, path: str = "the checkpoint") -> Dict[str, int]:
+    """Fold the gates of a loaded gated checkpoint in place (see the module docstring).
+
+    Returns:
+        ``heads_before``, ``heads_after``, ``removed``, ``scaled`` (heads whose gate was neither
+        0 nor 1), ``params_before``, ``params_after``.
+    """
+    gates = checkpoint_gates(state)
+    if gates is None:
+        raise HeadPruneError(f"{path} has no head gates to fold (its model has no --head-gates).")
+    args, sd = model_args(state), state["model"]
+    layout = checkpoint_layout(state)
+    report = {"heads_before": layout.count(), "params_before": count_parameters(sd), "scaled": 0}
+    closed: HeadSpec = {}
+    for key, value in gates.eval_values().items():
+        if value.dim() != 1:
+            raise HeadPruneError(f"the {gates.kind} gates of {key} are per sentence "
+                                 f"(shape {tuple(value.shape)}) and cannot be folded.")
+        kind, layer = split_key(key)
+        prefix = module_prefix(kind, layer)
+        kept = sd[prefix + "kept_heads"].tolist()
+        weight = sd[prefix + "out_proj.weight"]  # C x (H*d)
+        if len(kept):
+            scale = value.to(weight.dtype).repeat_interleave(weight.size(1) // len(kept))
+            sd[prefix + "out_proj.weight"] = weight * scale  # column h*d+i scaled by g_h
+        report["scaled"] += int(((value != 0) & (value != 1)).sum())
+        shut = [kept[i] for i, g in enumerate(value.tolist()) if g == 0.0]
+        if shut:
+            closed.setdefault(kind, {})[layer] = shut
+    for key in [k for k in sd if k.startswith("head_gates.")]:
+        del sd[key]
+    report["removed"] = remove_heads(sd, layout, closed)
+    args.head_gates = None
+    args.head_layout = checkpoint_layout(state).to_json()
+    strip_training_state(state)
+    report.update(heads_after=checkpoint_layout(state).count(), params_after=count_parameters(sd))
+    return report
+
+
+def fold_checkpoint(path: str, output: str) -> Dict[str, int]:
+    """Fold the gates of checkpoint ``path`` and write the plain pruned checkpoint ``output``."""
+    state = load_checkpoint(path)
+    require_headprune(state, path, gates_ok=True)
+    report = fold_state(state, path)
+    save_checkpoint(state, output)
+    return report
+
