@@ -11,7 +11,7 @@ from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.heads.layout import HeadLayout, attention_modules
 from fairseq_headprune.heads.spec import parse_head_spec
 from fairseq_headprune.model.gates import (
-    GATE_REGISTRY, FixedGates, GateHandle, HeadGates, attach_gates, build_gates, gated_heads,
+    GATE_REGISTRY, FixedGates, GateHandle, HeadGates, build_gates, gated_heads,
     parse_gate_types, register_gate)
 from fairseq_headprune.pruning.checkpoint import load_checkpoint, save_checkpoint
 from fairseq_headprune.pruning.fold import fold_checkpoint

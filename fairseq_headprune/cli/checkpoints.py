@@ -13,9 +13,18 @@ def cmd_convert(args):
 
 
 def cmd_prune(args):
+    from fairseq_headprune.errors import HeadPruneError
     from fairseq_headprune.heads.spec import format_head_spec, parse_head_spec
     from fairseq_headprune.pruning.remove import prune_checkpoint
 
+    if args.from_gates:
+        if args.path or args.heads:
+            raise HeadPruneError("give either --from-gates GATED.pt or --path with --heads, "
+                                 "not both.")
+        args.path = args.from_gates
+        return cmd_fold(args)
+    if not (args.path and args.heads):
+        raise HeadPruneError("prune needs --path and --heads (or --from-gates GATED.pt).")
     spec = parse_head_spec(args.heads)
     r = prune_checkpoint(args.path, spec, args.output)
     print(f"removed {r['removed']} heads ({format_head_spec(spec)}): "
@@ -75,9 +84,12 @@ def add_parsers(sub):
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("prune", help="physically remove heads from a checkpoint")
-    p.add_argument("--path", required=True, help="transformer_headprune checkpoint")
-    p.add_argument("--heads", required=True,
+    p.add_argument("--path", help="transformer_headprune checkpoint")
+    p.add_argument("--heads",
                    help="heads to remove: 1-based spec such as 'E:1:1,2 A:6:3', JSON, or a file")
+    p.add_argument("--from-gates", metavar="GATED",
+                   help="instead of --path/--heads: a checkpoint with learned gates; its closed "
+                        "heads are removed and open gate values folded (the same as 'fold')")
     p.add_argument("-o", "--output", required=True, help="pruned checkpoint to write")
     p.set_defaults(func=cmd_prune)
 
