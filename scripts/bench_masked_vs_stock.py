@@ -1,8 +1,10 @@
 #!/usr/bin/env python
-"""Cost of the gates: transformer_headprune with every gate open versus the stock transformer.
+"""Cost of the gates: transformer_headprune with every gate open versus the stock transformer,
+and (``--gates KIND``) with a gate module of that kind versus without.
 
-Builds both models with identical weights in one process and prints the ratio (masked / stock)
-of the median training-step time (forward + backward) and of the median beam-search time.
+Builds the models with identical weights in one process, times them interleaved on the same
+batch, and prints per model the median [min-max] of a training update (forward, backward and an
+Adam step) and of beam search, and the ratios of the medians: masked / stock, gated / masked.
 """
 
 import argparse
@@ -14,7 +16,9 @@ from fairseq.data import Dictionary
 from fairseq.models.transformer import TransformerModel, base_architecture
 from fairseq.sequence_generator import SequenceGenerator
 
+from fairseq_headprune import register  # noqa: F401  (gate kinds)
 from fairseq_headprune.evaluation.timing import interleaved_times, median
+from fairseq_headprune.model.gates import GATE_REGISTRY
 from fairseq_headprune.model.transformer import HeadPruneTransformerModel
 
 
@@ -37,6 +41,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=5, help="(default: %(default)s)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="(default: %(default)s)")
+    parser.add_argument("--gates", choices=sorted(GATE_REGISTRY),
+                        help="also time a model with this gate kind on every head")
+    parser.add_argument("--gate-types", default="E,D,A", help="(default: %(default)s)")
     opts = parser.parse_args()
     logging.getLogger("fairseq").setLevel(logging.WARNING)
 
@@ -54,37 +61,50 @@ def main():
     stock = build(TransformerModel, base_architecture, dictionary, args).to(opts.device)
     masked = build(HeadPruneTransformerModel, base_architecture, dictionary, args).to(opts.device)
     masked.load_state_dict(stock.state_dict(), strict=False)
+    models = {"stock": stock, "masked": masked}
+    if opts.gates:
+        gated_args = Namespace(**vars(args), head_gates=opts.gates, head_gates_types=opts.gate_types)
+        gated = build(HeadPruneTransformerModel, base_architecture, dictionary, gated_args)
+        gated.load_state_dict(stock.state_dict(), strict=False)
+        models["gated"] = gated.to(opts.device)
+    optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4) for name, m in models.items()}
 
     tokens = torch.randint(dictionary.nspecial, len(dictionary), (opts.batch, opts.length),
                            device=opts.device)
     lengths = torch.full((opts.batch,), opts.length, device=opts.device)
     prev = torch.roll(tokens, 1, dims=1)
 
-    def train_step(model):
+    def train_step(name):
+        model = models[name]
         model.train()
         model.zero_grad()
         logits, _ = model(tokens, lengths, prev)
         torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
+        optimizers[name].step()
 
     sample = {"net_input": {"src_tokens": tokens, "src_lengths": lengths}}
 
-    def generate(model):
+    def generate(name):
+        model = models[name]
         model.eval()
         gen = SequenceGenerator([model], dictionary, beam_size=opts.beam, max_len_a=0,
                                 max_len_b=opts.length, min_len=opts.length)
         with torch.no_grad():
             gen.generate([model], sample)
 
-    train = interleaved_times({"stock": lambda: train_step(stock),
-                               "masked": lambda: train_step(masked)}, opts.repeats)
-    decode = interleaved_times({"stock": lambda: generate(stock),
-                                "masked": lambda: generate(masked)}, opts.repeats)
+    train = interleaved_times({n: (lambda n=n: train_step(n)) for n in models}, opts.repeats)
+    decode = interleaved_times({n: (lambda n=n: generate(n)) for n in models}, opts.repeats)
     print(f"device {opts.device}, {opts.layers}+{opts.layers} layers, d={opts.embed_dim}, "
-          f"{opts.heads} heads, batch {opts.batch} x {opts.length} tokens, beam {opts.beam}")
-    for name, times in (("training step", train), ("generate", decode)):
-        s, m = median(times["stock"]), median(times["masked"])
-        print(f"{name:14s} stock {s * 1000:8.1f} ms  masked {m * 1000:8.1f} ms  "
-              f"ratio masked/stock {m / s:.3f}")
+          f"{opts.heads} heads, batch {opts.batch} x {opts.length} tokens, beam {opts.beam}, "
+          f"{opts.repeats} repeats" + (f", gates {opts.gates} on {opts.gate_types}"
+                                       if opts.gates else ""))
+    for what, times in (("update", train), ("generate", decode)):
+        cells = "  ".join(f"{n} {median(t) * 1000:7.1f} ms [{min(t) * 1000:.1f}-"
+                          f"{max(t) * 1000:.1f}]" for n, t in times.items())
+        ratios = f"masked/stock {median(times['masked']) / median(times['stock']):.3f}"
+        if "gated" in times:
+            ratios += f"  gated/masked {median(times['gated']) / median(times['masked']):.3f}"
+        print(f"{what:9s} {cells}  ratio {ratios}")
 
 
 if __name__ == "__main__":

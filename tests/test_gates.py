@@ -1,6 +1,7 @@
 """The gate seam: registry, options, one gate module per model, float32 gates, folding."""
 
 import os
+from argparse import Namespace
 
 import pytest
 import torch
@@ -294,3 +295,29 @@ def test_train_rejects_bad_gate_options(data_dir, tmp_path, flags, message):
                 str(tmp_path), *flags], check=False)
     assert proc.returncode != 0 and message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_gate_lr_is_kept_whatever_the_scheduler_sets():
+    """--head-gates-lr: the gate steps as Adam at its own rate while the group's rate changes."""
+    torch.manual_seed(0)
+    gates = ScaleGates({"E0": 4}, Namespace(head_gates_lr=0.1))
+    weight = torch.nn.Parameter(torch.randn(4))
+    reference = torch.nn.Parameter(gates.scale["E0"].detach().clone())
+    ref_weight = torch.nn.Parameter(weight.detach().clone())
+    opt = torch.optim.Adam([weight, gates.scale["E0"]], lr=1e-3, weight_decay=0.01)
+    ref_opt = torch.optim.Adam([reference], lr=0.1, weight_decay=0.01)
+    ref_weight_opt = torch.optim.Adam([ref_weight], lr=1e-3, weight_decay=0.01)
+    for step in range(5):
+        for group in opt.param_groups + ref_weight_opt.param_groups:
+            group["lr"] = 1e-3 / (step + 1)  # what an lr scheduler does to every group
+        grad = torch.randn(4)
+        for p in (weight, ref_weight):
+            p.grad = grad.clone()
+        for p in (gates.scale["E0"], reference):
+            p.grad = grad.clone() * 2
+        opt.step()
+        ref_opt.step()
+        ref_weight_opt.step()
+    assert torch.allclose(gates.scale["E0"], reference, atol=1e-6)
+    assert torch.allclose(weight, ref_weight, atol=1e-7)  # the rest follows the scheduler
+    assert not torch.allclose(reference, torch.full((4,), 0.5), atol=0.1)  # it did move

@@ -7,7 +7,8 @@ import torch
 
 from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.heads.spec import format_head_spec
-from fairseq_headprune.pruning.selection import choose_heads, mask_scores, merge_specs
+from fairseq_headprune.pruning.selection import (
+    choose_heads, choose_to_keep, mask_scores, merge_specs, parse_keep)
 
 NAN = math.nan
 SCORES = {  # 2 layers x 3 heads per type
@@ -52,3 +53,22 @@ def test_errors():
     with pytest.raises(HeadPruneError, match=r"^unknown scope 'model': expected one of "
                                              r"global, type, layer\.$"):
         choose_heads(SCORES, 1, scope="model")
+
+
+@pytest.mark.parametrize("keep, expected", [
+    ("E:6,D:6,A:6", ""),
+    ("E:4", "E:1:2 E:2:3"),  # the two least important E heads; D and A untouched
+    ("E:1,D:5,A:0", "E:1:2,3 E:2:1,2,3 D:2:2 A:1:1,2,3 A:2:1,2,3"),
+])
+def test_choose_to_keep_per_type(keep, expected):
+    spec = choose_to_keep(SCORES, parse_keep(keep))
+    assert format_head_spec(spec) == expected
+
+
+def test_keep_per_type_errors():
+    with pytest.raises(HeadPruneError, match=r"^cannot keep 7 E heads: the model has 6\.$"):
+        choose_to_keep(SCORES, {"E": 7})
+    with pytest.raises(HeadPruneError) as err:
+        parse_keep("E:3,X:2")
+    assert str(err.value) == ("malformed --keep-per-type item 'X:2': expected TYPE:COUNT with "
+                              "TYPE one of E, D, A, e.g. E:10,D:24,A:20.")

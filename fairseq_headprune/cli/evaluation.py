@@ -1,4 +1,4 @@
-"""Subcommands that decode and measure: ``sweep``, ``ablate``, ``bench``."""
+"""Subcommands that decode and measure: ``sweep``, ``ablate``, ``evaluate``, ``bench``."""
 
 import os
 
@@ -19,6 +19,21 @@ def cmd_sweep(args):
     for r in rows:
         print(f"{r['curve']:4s} {r['level'] * 100:5.1f}% pruned ({r['heads_pruned']:3d}/"
               f"{r['heads_total']}) BLEU {r['bleu']:6.2f}")
+    print(f"signature: {rows[0]['signature'] if rows else '-'}")
+
+
+def cmd_evaluate(args):
+    from fairseq_headprune.errors import HeadPruneError
+    from fairseq_headprune.evaluation.evaluate import evaluate_checkpoints
+
+    if args.labels and len(args.labels) != len(args.paths):
+        raise HeadPruneError(f"--labels gives {len(args.labels)} names for {len(args.paths)} "
+                             f"checkpoints.")
+    rows = evaluate_checkpoints(args.data, args.paths, args.output, args.labels, args.subset,
+                                args.beam, args.max_tokens, args.max_sentences, args.device)
+    for r in rows:
+        heads = " ".join(f"{k}:{n}/{r['heads_total'][k]}" for k, n in r["heads"].items())
+        print(f"{r['label']:30s} {heads:30s} {r['params']:>12,} params  BLEU {r['bleu']:6.2f}")
     print(f"signature: {rows[0]['signature'] if rows else '-'}")
 
 
@@ -85,6 +100,18 @@ def add_parsers(sub):
     p.add_argument("--max-sentences", type=int, help="decode only the first N sentences")
     p.add_argument("--device", default=device, help="(default: %(default)s)")
     p.set_defaults(func=cmd_ablate)
+
+    p = sub.add_parser("evaluate", help="BLEU, heads and parameters of checkpoints on one subset")
+    p.add_argument("data", help="fairseq-preprocess output folder")
+    p.add_argument("--paths", nargs="+", required=True, help="transformer_headprune checkpoints")
+    p.add_argument("--labels", nargs="+", help="a name per checkpoint (default: file names)")
+    p.add_argument("-o", "--output", required=True, help="rows JSON to write (resumable)")
+    p.add_argument("--subset", default="test", help="(default: %(default)s)")
+    p.add_argument("--beam", type=int, default=5, help="(default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=4000, help="(default: %(default)s)")
+    p.add_argument("--max-sentences", type=int, help="decode only the first N sentences")
+    p.add_argument("--device", default=device, help="(default: %(default)s)")
+    p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("bench", help="decoding speed: unpruned vs physically pruned")
     p.add_argument("data", help="fairseq-preprocess output folder")

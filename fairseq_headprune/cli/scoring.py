@@ -28,13 +28,20 @@ def cmd_choose(args):
     from fairseq_headprune.heads.scores import read_importance
     from fairseq_headprune.heads.spec import format_head_spec, spec_to_json
     from fairseq_headprune.io import write_json
-    from fairseq_headprune.pruning.selection import choose_heads
+    from fairseq_headprune.errors import HeadPruneError
+    from fairseq_headprune.pruning.selection import choose_heads, choose_to_keep, parse_keep
 
     scores = read_importance(args.importance)
-    spec = choose_heads(scores, args.amount, args.scope, args.types, args.keep_one_per_layer)
+    if (args.amount is None) == (args.keep_per_type is None):
+        raise HeadPruneError("choose needs exactly one of --amount and --keep-per-type.")
+    if args.keep_per_type is not None:
+        spec = choose_to_keep(scores, parse_keep(args.keep_per_type))
+    else:
+        spec = choose_heads(scores, args.amount, args.scope, args.types, args.keep_one_per_layer)
     if args.output:
         write_json(args.output, {"heads": spec_to_json(spec), "spec": format_head_spec(spec),
-                                 "amount": args.amount, "scope": args.scope,
+                                 "amount": args.amount, "keep_per_type": args.keep_per_type,
+                                 "scope": args.scope,
                                  "types": args.types, "importance": args.importance})
     print(format_head_spec(spec))
 
@@ -56,8 +63,11 @@ def add_parsers(sub):
 
     p = sub.add_parser("choose", help="heads to prune from an importance JSON")
     p.add_argument("--importance", required=True, help="importance JSON")
-    p.add_argument("--amount", type=float, required=True,
+    p.add_argument("--amount", type=float,
                    help="fraction (<1) or count (>=1) of heads to have removed")
+    p.add_argument("--keep-per-type", metavar="E:N,D:N,A:N",
+                   help="instead of --amount: keep exactly N heads of each type named, the most "
+                        "important within the type (e.g. another method's head counts)")
     p.add_argument("--scope", choices=["global", "type", "layer"], default="global",
                    help="rank all heads together, per type or per layer (default: %(default)s)")
     p.add_argument("--types", default="EDA", help="attention types in scope (default: %(default)s)")

@@ -5,6 +5,7 @@ import json
 import os
 from typing import Dict, Optional
 
+from fairseq_headprune.evaluation import head_table
 from fairseq_headprune.heads.layout import TYPE_NAMES
 from fairseq_headprune.io import write_text
 
@@ -73,6 +74,12 @@ def summarize(out_dir: str) -> str:
             layer = ":".join(row["spec"].split(":")[:2])
             n = len(row["spec"].split(":")[2].split(","))
             lines.append(f"| {layer} | {n} | {row['bleu']:.2f} | {row['delta']:+.2f} |")
+    voita = os.path.join(out_dir, "voita", "voita.json")
+    if os.path.exists(voita):
+        lines.append("\nVoita et al. (2019): Hard Concrete gates + L0 fine-tuned from this model "
+                     "(`scripts/reproduce/voita_demo.sh`), heads removed with `fold`, beside "
+                     "Michel et al.'s ranking at the same head counts:\n")
+        lines.append(head_table.markdown(voita))
     return "\n".join(lines) + "\n"
 
 

@@ -19,11 +19,14 @@ Modules are named by keys ``E0``, ``D11``, ``A3``: type letter and 0-based layer
 """
 
 import argparse
+import weakref
 from typing import Callable, Dict, Optional, Type
 
 import torch
 import torch.nn as nn
 from torch import Tensor
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook, register_optimizer_step_pre_hook)
 
 from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.heads.layout import ATTENTION_TYPES, attention_modules, module_prefix
@@ -75,6 +78,55 @@ def gate_types_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from err
 
 
+_OWN_LR: "weakref.WeakSet[nn.Parameter]" = weakref.WeakSet()  # gate parameters with their own lr
+_PENDING: list = []  # (group, its parameters, the gate parameters taken out, their lr)
+_INNER = [False]
+
+
+def _own_lr_pre_step(optimizer, args, kwargs):
+    """Before any optimizer step: take the gate parameters that have their own learning rate out
+    of their groups, so that the step leaves them alone. Matched by storage, so fairseq's fp32
+    copies of the float32 gates (``--fp16-no-flatten-grads``, ``--bf16``) are found too."""
+    if _INNER[0]:
+        return
+    _PENDING.clear()
+    own = {p.data_ptr(): p.headprune_lr for p in list(_OWN_LR)}
+    if not own:
+        return
+    for group in optimizer.param_groups:
+        mine = [p for p in group["params"] if p.data_ptr() in own]
+        if mine:
+            _PENDING.append((group, group["params"], mine, own[mine[0].data_ptr()]))
+            group["params"] = [p for p in group["params"] if p.data_ptr() not in own]
+
+
+def _own_lr_post_step(optimizer, args, kwargs):
+    """After the step: step the gate parameters alone, at their own rate, with the same
+    optimizer (its state for them, e.g. Adam's moments, is kept); then restore the groups."""
+    if _INNER[0] or not _PENDING:
+        return
+    pending, _PENDING[:] = list(_PENDING), []
+    saved = [(g, g["params"], g["lr"]) for g in optimizer.param_groups]
+    _INNER[0] = True
+    try:
+        for g in optimizer.param_groups:
+            g["params"] = []
+        for group, _, mine, lr in pending:
+            group["params"], group["lr"] = mine, lr
+            optimizer.step(*args[1:], **kwargs)  # args[0] is the optimizer itself
+            group["params"] = []
+    finally:
+        _INNER[0] = False
+        for g, params, lr in saved:
+            g["params"], g["lr"] = params, lr
+        for group, params, _, _ in pending:
+            group["params"] = params
+
+
+register_optimizer_step_pre_hook(_own_lr_pre_step)
+register_optimizer_step_post_hook(_own_lr_post_step)
+
+
 class HeadGates(nn.Module):
     """Base class of every gate kind: one module, owned by the model, gating many attention modules.
 
@@ -95,6 +147,15 @@ class HeadGates(nn.Module):
         self.args = args
         self._cache: Optional[Dict[str, Tensor]] = None
         self.build()
+        self._mark_lr()
+
+    def _mark_lr(self):
+        """Give every gate parameter the rate of ``--head-gates-lr`` (none: the model's rate)."""
+        lr = getattr(self.args, "head_gates_lr", None)
+        for p in self.parameters():
+            if lr is not None:
+                p.headprune_lr = float(lr)
+                _OWN_LR.add(p)
 
     @classmethod
     def add_args(cls, parser):
@@ -136,6 +197,7 @@ class HeadGates(nn.Module):
         if dict(heads) != self.heads:
             self.heads = dict(heads)
             self.build()
+            self._mark_lr()
         self.reset()
 
     def train(self, mode: bool = True):

@@ -17,6 +17,7 @@ from fairseq.models.transformer import (
     transformer_wmt_en_de,
 )
 
+from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.heads.layout import HeadLayout
 from fairseq_headprune.model.gates import (
     GATE_REGISTRY, attach_gates, build_gates, gate_types_arg, gated_heads, gates_of,
@@ -60,6 +61,11 @@ class HeadPruneTransformerModel(TransformerModel):
             help="attention types that get gates: E encoder self, D decoder self, A "
                  "encoder-decoder (default: E,D,A)",
         )
+        parser.add_argument(
+            "--head-gates-lr", type=float, metavar="LR",
+            help="learning rate of the gate parameters, kept whatever the lr scheduler does to "
+                 "the model's (default: the model's rate, as the papers); exact for adam, sgd, "
+                 "nag and adagrad")
         for kind in sorted(GATE_REGISTRY):
             GATE_REGISTRY[kind].add_args(parser)
 
@@ -70,6 +76,11 @@ class HeadPruneTransformerModel(TransformerModel):
             HeadLayout.from_json(args.head_layout).apply(model)
         model.head_gates = None
         kind = getattr(args, "head_gates", None)
+        if kind and getattr(args, "head_gates_lr", None) is not None and getattr(
+                args, "fp16", False) and not (getattr(args, "memory_efficient_fp16", False)
+                                              or getattr(args, "fp16_no_flatten_grads", False)):
+            raise HeadPruneError("--head-gates-lr with --fp16 needs --fp16-no-flatten-grads or "
+                                 "--memory-efficient-fp16 (flat fp32 copies hide the gates).")
         if kind:
             types = parse_gate_types(getattr(args, "head_gates_types", None) or "E,D,A")
             attach_gates(model, build_gates(kind, gated_heads(model, types), args))

@@ -72,6 +72,34 @@ def choose_heads(scores: Scores, amount: float, scope: str = "global",
     return normalized(spec)
 
 
+def choose_to_keep(scores: Scores, keep: Dict[str, int]) -> HeadSpec:
+    """The least important heads to remove so that exactly ``keep[type]`` heads of each type
+    remain, ranked within the type (e.g. Michel et al.'s ranking at the head counts another
+    method ended with). Types not in ``keep`` are left alone."""
+    spec: HeadSpec = {}
+    for kind, count in keep.items():
+        if kind not in scores:
+            raise HeadPruneError(f"the importance file has no {kind} heads.")
+        total = scores[kind].numel()
+        if not 0 <= count <= total:
+            raise HeadPruneError(f"cannot keep {count} {kind} heads: the model has {total}.")
+        remove = total - count
+        spec = merge_specs(spec, choose_heads(scores, remove if remove >= 1 else 0, "type", kind))
+    return spec
+
+
+def parse_keep(text: str) -> Dict[str, int]:
+    """``"E:10,D:24,A:20"`` -> ``{"E": 10, "D": 24, "A": 20}``."""
+    keep = {}
+    for item in filter(None, text.replace(" ", "").split(",")):
+        kind, _, count = item.partition(":")
+        if kind not in "EDA" or len(kind) != 1 or not count.isdigit():
+            raise HeadPruneError(f"malformed --keep-per-type item '{item}': expected TYPE:COUNT "
+                                 f"with TYPE one of E, D, A, e.g. E:10,D:24,A:20.")
+        keep[kind] = int(count)
+    return keep
+
+
 def _global(scores, types):
     return [[(k, layer) for k in types for layer in range(scores[k].size(0))]]
 

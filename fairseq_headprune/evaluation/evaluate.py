@@ -1,0 +1,52 @@
+"""``fairseq-headprune evaluate``: BLEU, heads and size of any set of checkpoints on one subset.
+
+Each checkpoint (unpruned, pruned by any method, folded from gates) is decoded with fairseq's
+generator on the same sentences and scored with sacrebleu; one row per checkpoint with its label,
+heads kept per attention type, parameters, BLEU and the sacrebleu signature. Rows are written
+atomically as they finish; a rerun with the same settings skips checkpoints already scored (a
+checkpoint rewritten since is scored again).
+"""
+
+import os
+from typing import Dict, List, Optional, Sequence
+
+from tqdm import tqdm
+
+from fairseq_headprune.evaluation.decode import load_model, translate
+from fairseq_headprune.heads.layout import HeadLayout
+from fairseq_headprune.io import load_rows, write_json
+
+
+def _stamp(path: str) -> List[int]:
+    stat = os.stat(path)
+    return [stat.st_size, int(stat.st_mtime)]
+
+
+def evaluate_checkpoints(data: str, paths: Sequence[str], output: str,
+                         labels: Optional[Sequence[str]] = None, subset: str = "test",
+                         beam: int = 5, max_tokens: int = 4000,
+                         max_sentences: Optional[int] = None, device: str = "cpu"
+                         ) -> List[Dict]:
+    """Score every checkpoint of ``paths`` (see the module docstring); returns all rows."""
+    labels = list(labels) if labels else [os.path.basename(p) for p in paths]
+    config = {"data": os.path.abspath(data), "subset": subset, "beam": beam,
+              "max_sentences": max_sentences}
+    rows = load_rows(output, config, "an evaluation")
+    for label, path in tqdm(list(zip(labels, paths)), desc="evaluate", unit="checkpoint"):
+        key = {"label": label, "path": os.path.abspath(path), "stamp": _stamp(path)}
+        if any(all(r.get(k) == v for k, v in key.items()) for r in rows):
+            continue
+        model, task = load_model(path, data, device)
+        layout = HeadLayout.from_model(model)
+        result = translate(model, task, subset, beam, max_tokens, max_sentences=max_sentences,
+                           device=device)
+        bleu, signature = result.bleu()
+        rows = [r for r in rows if r.get("label") != label]
+        rows.append({**key, "heads": {k: layout.count(k) for k in layout.kept},
+                     "heads_total": {k: layout.num_heads[k] * layout.num_layers(k)
+                                     for k in layout.kept},
+                     "params": sum(p.numel() for p in model.parameters()),
+                     "bleu": round(bleu, 2), "signature": signature,
+                     "sentences": len(result.references)})
+        write_json(output, {"config": config, "rows": rows})
+    return rows

@@ -1,0 +1,140 @@
+"""BLEU against heads kept per type: a learned-gate method beside Michel et al. at the same counts.
+
+Input: the rows of ``fairseq-headprune evaluate`` (one must be labelled ``unpruned``) and a
+manifest (TSV: label, method, gated types, setting) naming what each checkpoint is. Output:
+``voita.json`` and ``voita.csv`` (our rows with the sacrebleu signature, and the paper's rows
+beside them), ``voita.png`` (BLEU against heads kept, one series per method and gated types), and
+the Markdown table that ``scripts/update_readme.py`` puts in the README (:func:`markdown`).
+
+    python -m fairseq_headprune.evaluation.head_table eval.json runs.tsv -o OUT
+"""
+
+import argparse
+import csv
+import io
+import json
+import os
+from typing import Dict, List
+
+from fairseq_headprune.io import atomic_path, write_json, write_text
+
+# Voita et al. (2019), WMT EN-RU transformer-base (6+6 layers, 8 heads: 48 per type), BLEU with
+# the heads kept per type after L0 fine-tuning of all three types (paper, via METHODS_NOTES.md
+# 2.7; not re-verified against the PDF). The encoder-only result: 10 of 48 heads, -0.15 BLEU.
+PAPER = [
+    {"types": "EDA", "heads": {"E": 48, "D": 48, "A": 48}, "bleu": 29.6},
+    {"types": "EDA", "heads": {"E": 14, "D": 31, "A": 30}, "bleu": 29.62},
+    {"types": "EDA", "heads": {"E": 12, "D": 21, "A": 25}, "bleu": 29.36},
+    {"types": "EDA", "heads": {"E": 8, "D": 13, "A": 15}, "bleu": 29.06},
+    {"types": "EDA", "heads": {"E": 5, "D": 9, "A": 12}, "bleu": 28.90},
+    {"types": "E", "heads": {"E": 10, "D": 48, "A": 48}, "delta": -0.15},
+]
+SOURCE = "Voita et al. 2019, WMT EN-RU base (METHODS_NOTES.md 2.7, not re-verified)"
+
+
+def build_rows(evaluated: List[Dict], manifest: List[List[str]]) -> List[Dict]:
+    """Join the manifest with the evaluation rows; BLEU differences to ``unpruned``."""
+    by_label = {r["label"]: r for r in evaluated}
+    base = by_label["unpruned"]
+    rows = [{"label": "unpruned", "method": "unpruned", "types": "", "setting": "",
+             "heads": base["heads"], "bleu": base["bleu"], "delta": 0.0,
+             "signature": base["signature"], "sentences": base["sentences"]}]
+    for label, method, types, setting in manifest:
+        r = by_label[label]
+        rows.append({"label": label, "method": method, "types": types, "setting": setting,
+                     "heads": r["heads"], "bleu": r["bleu"],
+                     "delta": round(r["bleu"] - base["bleu"], 2), "signature": r["signature"],
+                     "sentences": r["sentences"]})
+    return rows
+
+
+def write_csv(path: str, rows: List[Dict]):
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["label", "method", "types", "setting", "E", "D", "A", "bleu", "delta",
+                     "signature"])
+    for r in rows:
+        writer.writerow([r["label"], r["method"], r["types"], r["setting"],
+                         *(r["heads"].get(k, "") for k in "EDA"), r["bleu"], r["delta"],
+                         r["signature"]])
+    write_text(path, buf.getvalue())
+
+
+def plot(path: str, rows: List[Dict]):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    base = rows[0]
+    ax.axhline(base["bleu"], color="gray", lw=0.8, ls=":", label="unpruned")
+    series: Dict[str, List] = {}
+    for r in rows[1:]:
+        series.setdefault(f"{r['method']} ({r['types']})", []).append(
+            (sum(r["heads"].values()), r["bleu"]))
+    for name, points in sorted(series.items()):
+        xs, ys = zip(*sorted(points))
+        ax.plot(xs, ys, "o-" if "michel" not in name else "s--", label=name)
+    ax.set_xlabel("heads kept (all types)")
+    ax.set_ylabel("BLEU")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+def markdown(path: str) -> str:
+    """The README table of a ``voita.json``."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    rows = data["rows"]
+    michel = {r["setting"].replace("same heads as ", ""): r for r in rows
+              if r["method"] == "michel"}
+    lines = ["| gated | setting | heads kept E / D / A | BLEU | diff. | Michel et al., same heads |",
+             "|---|---|---|---:|---:|---:|"]
+    base = rows[0]
+    lines.append(f"| - | unpruned | {' / '.join(str(base['heads'][k]) for k in 'EDA')} | "
+                 f"{base['bleu']:.2f} | | |")
+    for r in rows[1:]:
+        if r["method"] == "michel":
+            continue
+        m = michel.get(r["label"])
+        other = f"{m['bleu']:.2f} ({m['delta']:+.2f})" if m else ""
+        lines.append(f"| {r['types']} | {r['method']}, {r['setting']} | "
+                     f"{' / '.join(str(r['heads'][k]) for k in 'EDA')} | {r['bleu']:.2f} | "
+                     f"{r['delta']:+.2f} | {other} |")
+    lines.append(f"\nBLEU on {base['sentences']} test sentences, sacrebleu `{base['signature']}`."
+                 f"\n\nThe paper ({data['paper_source']}):\n")
+    lines.append("| gated | heads kept E / D / A | BLEU |")
+    lines.append("|---|---|---:|")
+    for p in data["paper"]:
+        bleu = f"{p['bleu']:.2f}" if "bleu" in p else f"{p['delta']:+.2f} (difference)"
+        lines.append(f"| {p['types']} | {' / '.join(str(p['heads'][k]) for k in 'EDA')} | "
+                     f"{bleu} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("evaluated", help="rows JSON of 'fairseq-headprune evaluate'")
+    parser.add_argument("manifest", help="TSV: label, method, gated types, setting")
+    parser.add_argument("-o", "--output-dir", required=True, help="where voita.* go")
+    opts = parser.parse_args()
+    with open(opts.evaluated, encoding="utf-8") as f:
+        evaluated = json.load(f)
+    with open(opts.manifest, encoding="utf-8") as f:
+        manifest = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+    rows = build_rows(evaluated["rows"], manifest)
+    os.makedirs(opts.output_dir, exist_ok=True)
+    write_json(os.path.join(opts.output_dir, "voita.json"),
+               {"config": evaluated["config"], "rows": rows, "paper": PAPER,
+                "paper_source": SOURCE})
+    write_csv(os.path.join(opts.output_dir, "voita.csv"), rows)
+    plot(os.path.join(opts.output_dir, "voita.png"), rows)
+    print(markdown(os.path.join(opts.output_dir, "voita.json")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+# Sourced by scripts/demo.sh and the demo reproductions: the model options of each demo SIZE, so
+# that fine-tuning (fairseq-train --restore-file) rebuilds exactly the demo's architecture.
+# Sets ARCH_ARGS (structure and learning rate) and MODEL_ARGS (everything else shared).
+demo_model_args() {
+  case "$1" in
+    small) ARCH_ARGS=(--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 128
+                      --decoder-embed-dim 128 --encoder-ffn-embed-dim 512
+                      --decoder-ffn-embed-dim 512 --encoder-attention-heads 8
+                      --decoder-attention-heads 8 --lr 2e-3 --warmup-updates 400) ;;
+    base)  ARCH_ARGS=(--encoder-layers 6 --decoder-layers 6 --encoder-attention-heads 8
+                      --decoder-attention-heads 8 --lr 1e-3 --warmup-updates 1000) ;;
+    tiny)  ARCH_ARGS=(--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 32
+                      --decoder-embed-dim 32 --encoder-ffn-embed-dim 64
+                      --decoder-ffn-embed-dim 64 --encoder-attention-heads 4
+                      --decoder-attention-heads 4 --lr 2e-3 --warmup-updates 20) ;;
+    *) echo "SIZE must be small, base or tiny, got '$1'" >&2; return 2 ;;
+  esac
+  MODEL_ARGS=(--user-dir user_dir --arch transformer_headprune --share-all-embeddings
+              --dropout 0.1 --optimizer adam --adam-betas '(0.9,0.98)' --lr-scheduler inverse_sqrt
+              --clip-norm 1.0 --label-smoothing 0.1 --max-tokens 4096 --seed 1
+              --log-format simple --log-interval 50)
+}

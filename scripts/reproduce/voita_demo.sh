@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Voita et al. (2019) on the embedded demo model (Table/Figure layout of their Sec. 6): Hard
+# Concrete gates + L0 fine-tuned from the converged demo checkpoint, gating encoder
+# self-attention alone (E) and then all three types (EDA), for a sweep of lambda and, in target
+# mode, for the head counts the lambda runs ended with; Michel et al.'s ranking at the same head
+# counts on the same checkpoint; BLEU of every pruned model; table (JSON/CSV with the sacrebleu
+# signature) and plot. Needs scripts/demo.sh's model, corpus and importance. Every stage is
+# skipped when its output exists; rerun to resume.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+main() {  # read whole before it runs
+QUICK="${QUICK:-0}"
+if [ "$QUICK" = 1 ]; then
+  DEMO="${DEMO:-results/demo-quick}"; SIZE="${SIZE:-tiny}"; LAMBDAS="${LAMBDAS:-1}"
+  TYPES="${TYPES:-E EDA}"; UPDATES="${UPDATES:-10}"; SENTENCES="${SENTENCES:-20}"
+  TARGET_TYPES="${TARGET_TYPES:-EDA}"
+fi
+DEMO="${DEMO:-results/demo}"              # scripts/demo.sh's output folder
+SIZE="${SIZE:-small}"                     # the SIZE the demo was trained with
+OUT="${OUT:-$DEMO/voita}"
+LAMBDAS="${LAMBDAS:-0.05 0.5}"            # L0 lambda, the authors' convention (README)
+TYPES="${TYPES:-E EDA}"                   # gated attention types, one run set per entry
+TARGET_TYPES="${TARGET_TYPES:-EDA}"       # target mode (beyond the paper) for these types
+UPDATES="${UPDATES:-300}"                 # fine-tuning updates per run
+GATE_LR="${GATE_LR:-0.02}"                # --head-gates-lr: gates learn faster on a short CPU run
+SENTENCES="${SENTENCES:-400}"             # test sentences decoded per model
+PY="${PY:-python}"
+if "$PY" -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  DEVICE_ARGS=(); DEVICE=cuda
+else
+  DEVICE_ARGS=(--cpu); DEVICE=cpu
+fi
+. scripts/lib/demo_model.sh
+demo_model_args "$SIZE"
+BIN="$DEMO/corpus/bin"
+MODEL="$DEMO/model/checkpoint_best.pt"
+IMPORTANCE="$DEMO/importance.json"
+for f in "$MODEL" "$IMPORTANCE" "$BIN/dict.en.txt"; do
+  [ -f "$f" ] || { echo "missing $f: run scripts/demo.sh first" >&2; exit 2; }
+done
+mkdir -p "$OUT/runs" "$OUT/pruned"
+MANIFEST="$OUT/runs.tsv"                  # label, method, types, setting: the table's rows
+: > "$MANIFEST.new"
+
+finetune() {  # name types extra-criterion-args...
+  local name="$1" types="$2"; shift 2
+  local dir="$OUT/runs/$name"
+  if [ ! -f "$dir/done" ]; then
+    fairseq-train "$BIN" "${MODEL_ARGS[@]}" "${ARCH_ARGS[@]}" --restore-file "$MODEL" \
+      --reset-optimizer --reset-dataloader --reset-meters --reset-lr-scheduler \
+      --head-gates hard_concrete --head-gates-types "$types" --head-gates-lr "$GATE_LR" \
+      --criterion l0_label_smoothed_cross_entropy "$@" --max-update "$UPDATES" \
+      --save-dir "$dir" --no-epoch-checkpoints --disable-validation "${DEVICE_ARGS[@]}"
+    touch "$dir/done"
+  fi
+  [ -f "$OUT/pruned/$name.pt" ] || \
+    fairseq-headprune prune --from-gates "$dir/checkpoint_last.pt" -o "$OUT/pruned/$name.pt"
+}
+
+counts() {  # label -> E:n,D:n,A:n of its evaluated checkpoint
+  "$PY" -c 'import json,sys; r=[r for r in json.load(open(sys.argv[1]))["rows"] if r["label"]==sys.argv[2]][0]; print(",".join(f"{k}:{v}" for k,v in r["heads"].items()))' "$OUT/eval.json" "$1"
+}
+
+evaluate() {
+  local paths=() labels=()
+  while IFS=$'\t' read -r label _; do labels+=("$label"); paths+=("$OUT/pruned/$label.pt"); done \
+    < "$MANIFEST.new"
+  fairseq-headprune evaluate "$BIN" --paths "$MODEL" "${paths[@]}" \
+    --labels unpruned "${labels[@]}" --max-sentences "$SENTENCES" --device "$DEVICE" \
+    -o "$OUT/eval.json"
+}
+
+echo "== 1/4 Voita: L0 lambda sweep"
+for types in $TYPES; do
+  for lambda in $LAMBDAS; do
+    name="voita-$types-lambda$lambda"
+    finetune "$name" "$types" --l0-lambda "$lambda"
+    printf '%s\tvoita\t%s\tlambda %s\n' "$name" "$types" "$lambda" >> "$MANIFEST.new"
+  done
+done
+evaluate
+
+echo "== 2/4 Voita, target mode at the lambda runs' head counts"
+for types in $TARGET_TYPES; do
+  for lambda in $LAMBDAS; do
+    target=$(counts "voita-$types-lambda$lambda" | "$PY" -c 'import sys; t=sys.argv[1]; print(sum(int(i.split(":")[1]) for i in sys.stdin.read().strip().split(",") if i[0] in t))' "$types")
+    name="voita-$types-target$target"
+    finetune "$name" "$types" --l0-target-heads "$target" --l0-multiplier-lr 0.05
+    printf '%s\tvoita-target\t%s\ttarget %s heads\n' "$name" "$types" "$target" >> "$MANIFEST.new"
+  done
+done
+evaluate
+
+echo "== 3/4 Michel et al. at the same head counts"
+while IFS=$'\t' read -r label method types _; do
+  [ "$method" = michel ] && continue
+  name="michel-at-$label"
+  if [ ! -f "$OUT/pruned/$name.pt" ]; then
+    fairseq-headprune choose --importance "$IMPORTANCE" --keep-per-type "$(counts "$label")" \
+      -o "$OUT/pruned/$name.json"
+    fairseq-headprune prune --path "$MODEL" --heads "$OUT/pruned/$name.json" \
+      -o "$OUT/pruned/$name.pt"
+  fi
+  printf '%s\tmichel\t%s\tsame heads as %s\n' "$name" "$types" "$label" >> "$MANIFEST.new"
+done < <(cat "$MANIFEST.new")
+evaluate
+mv "$MANIFEST.new" "$MANIFEST"
+
+echo "== 4/4 table and plot"
+"$PY" -m fairseq_headprune.evaluation.head_table "$OUT/eval.json" "$MANIFEST" -o "$OUT"
+}
+main "$@"
