@@ -321,3 +321,18 @@ def test_gate_lr_is_kept_whatever_the_scheduler_sets():
     assert torch.allclose(gates.scale["E0"], reference, atol=1e-6)
     assert torch.allclose(weight, ref_weight, atol=1e-7)  # the rest follows the scheduler
     assert not torch.allclose(reference, torch.full((4,), 0.5), atol=0.1)  # it did move
+
+
+def test_fold_keeping_the_largest_gates(headprune_checkpoint, tmp_path):
+    """--keep-heads K: the K largest evaluation gates stay (ties: earlier module, lower head)."""
+    gated = write_gated(headprune_checkpoint, str(tmp_path / "gated.pt"))
+    report = fold_checkpoint(gated, str(tmp_path / "folded.pt"), keep=10)
+    assert report["heads_after"] == 10
+    layout = HeadLayout.from_state_dict(load_checkpoint(str(tmp_path / "folded.pt"))["model"],
+                                        {"E": 4, "D": 4, "A": 4})
+    # the 8 gates at 1, then the first two at 0.3 in E0, E1, D0, ... order
+    assert layout.kept == {"E": [[1, 2, 3], [0, 1]], "D": [[1, 3], []], "A": [[0, 3], [2]]}
+    with pytest.raises(HeadPruneError, match=r"^cannot keep 25 heads: the model has 24 gated "
+                                             r"heads\.$"):
+        fold_checkpoint(gated, str(tmp_path / "bad.pt"), keep=25)
+    assert not os.path.exists(tmp_path / "bad.pt")

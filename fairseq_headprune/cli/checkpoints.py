@@ -23,6 +23,8 @@ def cmd_prune(args):
                                  "not both.")
         args.path = args.from_gates
         return cmd_fold(args)
+    if args.keep_heads is not None:
+        raise HeadPruneError("--keep-heads goes with --from-gates.")
     if not (args.path and args.heads):
         raise HeadPruneError("prune needs --path and --heads (or --from-gates GATED.pt).")
     spec = parse_head_spec(args.heads)
@@ -39,7 +41,7 @@ def cmd_prune(args):
 def cmd_fold(args):
     from fairseq_headprune.pruning.fold import fold_checkpoint
 
-    r = fold_checkpoint(args.path, args.output)
+    r = fold_checkpoint(args.path, args.output, args.keep_heads)
     print(f"folded the gates of {args.path} -> {args.output}: removed {r['removed']} heads with "
           f"gate 0, folded {r['scaled']} fractional gates into out_proj; "
           f"{r['heads_before']} -> {r['heads_after']} heads")
@@ -90,12 +92,17 @@ def add_parsers(sub):
     p.add_argument("--from-gates", metavar="GATED",
                    help="instead of --path/--heads: a checkpoint with learned gates; its closed "
                         "heads are removed and open gate values folded (the same as 'fold')")
+    p.add_argument("--keep-heads", type=int, metavar="K",
+                   help="with --from-gates: keep only the K largest evaluation gates")
     p.add_argument("-o", "--output", required=True, help="pruned checkpoint to write")
     p.set_defaults(func=cmd_prune)
 
     p = sub.add_parser("fold", help="gated checkpoint -> plain pruned checkpoint: remove heads "
                                     "whose gate is 0, fold the other gate values into out_proj")
     p.add_argument("--path", required=True, help="transformer_headprune checkpoint with gates")
+    p.add_argument("--keep-heads", type=int, metavar="K",
+                   help="keep only the K largest evaluation gates of all gated modules (the DSP "
+                        "fork's --num-of-heads); default: every head whose gate is not 0")
     p.add_argument("-o", "--output", required=True, help="pruned checkpoint to write")
     p.set_defaults(func=cmd_fold)
 

@@ -8,7 +8,9 @@ dropped. The result has no ``head_gates`` entries and decodes in stock ``fairseq
 --user-dir user_dir``, with the gated model's outputs.
 """
 
-from typing import Dict
+from typing import Dict, Optional
+
+import torch
 
 from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.heads.layout import module_prefix
@@ -30,8 +32,22 @@ def checkpoint_gates(state: dict):
                                  state["model"], args)
 
 
-def fold_state(state: dict, path: str = "the checkpoint") -> Dict[str, int]:
-    """Fold the gates of a loaded gated checkpoint in place (see the module docstring).
+def keep_largest(values: Dict[str, torch.Tensor], keep: int) -> Dict[str, torch.Tensor]:
+    """Gate values with all but the ``keep`` largest (over every module) set to 0, as the DSP
+    fork's ``generate_voita.py --num-of-heads K``; ties go to the earlier module and head."""
+    flat = [(float(v), i, key, h) for i, (key, t) in enumerate(values.items())
+            for h, v in enumerate(t.tolist())]
+    if not 0 <= keep <= len(flat):
+        raise HeadPruneError(f"cannot keep {keep} heads: the model has {len(flat)} gated heads.")
+    chosen = {(key, h) for _, _, key, h in sorted(flat, key=lambda x: (-x[0], x[1], x[3]))[:keep]}
+    return {key: torch.tensor([v if (key, h) in chosen else 0.0 for h, v in enumerate(t.tolist())])
+            for key, t in values.items()}
+
+
+def fold_state(state: dict, path: str = "the checkpoint", keep: Optional[int] = None
+               ) -> Dict[str, int]:
+    """Fold the gates of a loaded gated checkpoint in place (see the module docstring); with
+    ``keep``, only the ``keep`` largest evaluation gates stay open (:func:`keep_largest`).
 
     Returns:
         ``heads_before``, ``heads_after``, ``removed``, ``scaled`` (heads whose gate was neither
@@ -44,7 +60,10 @@ def fold_state(state: dict, path: str = "the checkpoint") -> Dict[str, int]:
     layout = checkpoint_layout(state)
     report = {"heads_before": layout.count(), "params_before": count_parameters(sd), "scaled": 0}
     closed: HeadSpec = {}
-    for key, value in gates.eval_values().items():
+    values = gates.eval_values()
+    if keep is not None:
+        values = keep_largest(values, keep)
+    for key, value in values.items():
         if value.dim() != 1:
             raise HeadPruneError(f"the {gates.kind} gates of {key} are per sentence "
                                  f"(shape {tuple(value.shape)}) and cannot be folded.")
@@ -69,11 +88,11 @@ def fold_state(state: dict, path: str = "the checkpoint") -> Dict[str, int]:
     return report
 
 
-def fold_checkpoint(path: str, output: str) -> Dict[str, int]:
+def fold_checkpoint(path: str, output: str, keep: Optional[int] = None) -> Dict[str, int]:
     """Fold the gates of checkpoint ``path`` and write the plain pruned checkpoint ``output``."""
     state = load_checkpoint(path)
     require_headprune(state, path, gates_ok=True)
-    report = fold_state(state, path)
+    report = fold_state(state, path, keep)
     save_checkpoint(state, output)
     return report
 
