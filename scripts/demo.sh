@@ -26,12 +26,8 @@ BENCH_SENTENCES="${BENCH_SENTENCES:-200}"
 BENCH_BATCHES="${BENCH_BATCHES:-1,64}"
 if [ -z "${TRAIN_LIMIT+x}" ]; then TRAIN_LIMIT=(--max-epoch 40 --stop-time-hours "$TRAIN_HOURS"); fi
 PY="${PY:-python}"
-if "$PY" -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-  DEVICE_ARGS=(); DEVICE=cuda
-else
-  DEVICE_ARGS=(--cpu); DEVICE=cpu
-fi
 . scripts/lib/demo_model.sh
+detect_device
 demo_model_args "$SIZE"
 BIN="$OUT/corpus/bin"
 MODEL="$OUT/model/checkpoint_best.pt"

@@ -60,6 +60,15 @@ def cmd_ablate(args):
     print(f"signature: {result['rows'][0]['signature']}")
 
 
+def add_decoding_options(p, device: str):
+    """The options of every subcommand that decodes a subset with beam search."""
+    p.add_argument("--subset", default="test", help="(default: %(default)s)")
+    p.add_argument("--beam", type=int, default=5, help="(default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=4000, help="(default: %(default)s)")
+    p.add_argument("--max-sentences", type=int, help="decode only the first N sentences")
+    p.add_argument("--device", default=device, help="(default: %(default)s)")
+
+
 def add_parsers(sub):
     device = default_device()
 
@@ -94,11 +103,7 @@ def add_parsers(sub):
     p.add_argument("--types", default="EDA", help="attention types (default: %(default)s)")
     p.add_argument("--importance", help="importance JSON (best-per-layer ranks heads by it)")
     p.add_argument("-o", "--output-dir", required=True, help="results folder (resumable)")
-    p.add_argument("--subset", default="test", help="(default: %(default)s)")
-    p.add_argument("--beam", type=int, default=5, help="(default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=4000, help="(default: %(default)s)")
-    p.add_argument("--max-sentences", type=int, help="decode only the first N sentences")
-    p.add_argument("--device", default=device, help="(default: %(default)s)")
+    add_decoding_options(p, device)
     p.set_defaults(func=cmd_ablate)
 
     p = sub.add_parser("evaluate", help="BLEU, heads and parameters of checkpoints on one subset")
@@ -106,11 +111,7 @@ def add_parsers(sub):
     p.add_argument("--paths", nargs="+", required=True, help="transformer_headprune checkpoints")
     p.add_argument("--labels", nargs="+", help="a name per checkpoint (default: file names)")
     p.add_argument("-o", "--output", required=True, help="rows JSON to write (resumable)")
-    p.add_argument("--subset", default="test", help="(default: %(default)s)")
-    p.add_argument("--beam", type=int, default=5, help="(default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=4000, help="(default: %(default)s)")
-    p.add_argument("--max-sentences", type=int, help="decode only the first N sentences")
-    p.add_argument("--device", default=device, help="(default: %(default)s)")
+    add_decoding_options(p, device)
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("bench", help="decoding speed: unpruned vs physically pruned")

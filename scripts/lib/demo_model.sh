@@ -1,6 +1,15 @@
 # Sourced by scripts/demo.sh and the demo reproductions: the model options of each demo SIZE, so
 # that fine-tuning (fairseq-train --restore-file) rebuilds exactly the demo's architecture.
-# Sets ARCH_ARGS (structure and learning rate) and MODEL_ARGS (everything else shared).
+# Sets ARCH_ARGS (structure and learning rate) and MODEL_ARGS (everything else shared);
+# detect_device sets DEVICE (cuda or cpu) and DEVICE_ARGS (--cpu or nothing) from $PY's torch.
+detect_device() {
+  if "$PY" -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    DEVICE_ARGS=(); DEVICE=cuda
+  else
+    DEVICE_ARGS=(--cpu); DEVICE=cpu
+  fi
+}
+
 demo_model_args() {
   case "$1" in
     small) ARCH_ARGS=(--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 128

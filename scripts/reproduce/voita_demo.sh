@@ -25,12 +25,8 @@ UPDATES="${UPDATES:-300}"                 # fine-tuning updates per run
 GATE_LR="${GATE_LR:-0.02}"                # --head-gates-lr: gates learn faster on a short CPU run
 SENTENCES="${SENTENCES:-400}"             # test sentences decoded per model
 PY="${PY:-python}"
-if "$PY" -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-  DEVICE_ARGS=(); DEVICE=cuda
-else
-  DEVICE_ARGS=(--cpu); DEVICE=cpu
-fi
 . scripts/lib/demo_model.sh
+detect_device
 demo_model_args "$SIZE"
 BIN="$DEMO/corpus/bin"
 MODEL="$DEMO/model/checkpoint_best.pt"
