@@ -3,6 +3,7 @@
 import copy
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -141,10 +142,11 @@ def test_fairseq_validate_writes_importance(headprune_checkpoint, data_dir, tmp_
     """Stock fairseq-validate with the task switched through --model-overrides, and the
     fairseq-headprune importance wrapper, write the same file."""
     out = tmp_path / "imp.json"
-    overrides = {"task": {"_name": "head_importance", "importance_output": str(out)}}
+    overrides = {"task": {"_name": "head_importance", "data": data_dir,
+                          "importance_output": str(out)}}
     run(["fairseq-validate", data_dir, "--user-dir", USER_DIR, "--task", "head_importance",
          "--path", headprune_checkpoint, "--cpu", "--max-tokens", "300",
-         "--model-overrides", repr(overrides)])
+         "--required-batch-size-multiple", "1", "--model-overrides", repr(overrides)])
     wrapped = tmp_path / "imp2.json"
     run(["fairseq-headprune", "importance", data_dir, "--path", headprune_checkpoint,
          "-o", str(wrapped), "--cpu", "--max-tokens", "300"])
@@ -156,3 +158,54 @@ def test_fairseq_validate_writes_importance(headprune_checkpoint, data_dir, tmp_
         assert torch.allclose(torch.tensor(a["importance"][k]), torch.tensor(b["importance"][k]))
         for row in a["importance"][k]:  # each layer has unit L2 norm
             assert sum(v * v for v in row) == pytest.approx(1.0)
+
+
+@pytest.fixture(scope="module")
+def other_data(data_dir, tmp_path_factory):
+    """A second data-bin with the first one's dictionaries and 10 valid sentences."""
+    from conftest import write_parallel
+
+    raw = tmp_path_factory.mktemp("other")
+    write_parallel(raw, seed=5, sizes=(("valid", 10),))
+    out = raw / "bin"
+    run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+         "--validpref", str(raw / "valid"), "--destdir", str(out), "--workers", "1",
+         "--srcdict", os.path.join(data_dir, "dict.src.txt"),
+         "--tgtdict", os.path.join(data_dir, "dict.tgt.txt")])
+    return str(out)
+
+
+@pytest.mark.parametrize("batching", [["--batch-size", "1"], ["--batch-size", "3"],
+                                      ["--batch-size", "8"], ["--max-tokens", "120"]])
+def test_the_data_named_is_scored_whole(headprune_checkpoint, other_data, tmp_path, batching):
+    """DATA, not the checkpoint's training data-bin, and every sentence of it, at any batching."""
+    out = tmp_path / "imp.json"
+    run(["fairseq-headprune", "importance", other_data, "--path", headprune_checkpoint,
+         "-o", str(out), "--cpu", *batching])
+    result = json.loads(out.read_text())
+    assert result["sentences"] == 10 and result["subset"] == "valid"
+    assert result["data"] == os.path.abspath(other_data)
+
+
+def test_fairseq_validate_route_scores_data_and_refuses_dropped_sentences(
+        headprune_checkpoint, other_data, tmp_path):
+    out = tmp_path / "imp.json"
+    overrides = {"task": {"_name": "head_importance", "data": other_data,
+                          "importance_output": str(out)}}
+    cmd = ["fairseq-validate", other_data, "--user-dir", USER_DIR, "--task", "head_importance",
+           "--path", headprune_checkpoint, "--cpu", "--batch-size", "3",
+           "--model-overrides", repr(overrides)]
+    proc = run(cmd, check=False)  # the default multiple of 8 drops the last batch
+    assert proc.returncode != 0 and not out.exists() and "Traceback" not in proc.stderr
+    assert ("head importance saw 8 of the 10 sentences of 'valid' in " + other_data) in proc.stderr
+    run(cmd + ["--required-batch-size-multiple", "1"])
+    assert json.loads(out.read_text())["sentences"] == 10
+
+
+def test_missing_data_is_one_sentence(headprune_checkpoint, tmp_path):
+    out = tmp_path / "imp.json"
+    proc = run(["fairseq-headprune", "importance", str(tmp_path / "nowhere"), "--path",
+                headprune_checkpoint, "-o", str(out), "--cpu"], check=False)
+    assert proc.returncode == 2 and not out.exists()
+    assert proc.stderr.strip().endswith(
+        f"error: data directory {tmp_path / 'nowhere'} does not exist.")

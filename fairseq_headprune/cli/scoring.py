@@ -1,5 +1,6 @@
 """Subcommands that score heads and choose which to prune: ``importance``, ``choose``."""
 
+import os
 import sys
 
 
@@ -12,13 +13,19 @@ def cmd_importance(args, extra):
     from fairseq_cli import validate
 
     from fairseq_headprune import register  # noqa: F401  (the head_importance task)
+    from fairseq_headprune.errors import HeadPruneError
     from fairseq_headprune.pruning.checkpoint import load_checkpoint, require_headprune
 
     require_headprune(load_checkpoint(args.path), args.path)
-    overrides = {"task": {"_name": "head_importance", "importance_output": args.output,
-                          "importance_abs": args.abs, "importance_normalize": args.normalize}}
+    if not os.path.isdir(args.data):
+        raise HeadPruneError(f"data directory {args.data} does not exist.")
+    # the overridden task config replaces the checkpoint's, 'data' included: carry DATA in it
+    overrides = {"task": {"_name": "head_importance", "data": os.path.abspath(args.data),
+                          "importance_output": args.output, "importance_abs": args.abs,
+                          "importance_normalize": args.normalize}}
     sys.argv = ["fairseq-validate", args.data, "--task", "head_importance", "--path", args.path,
-                "--valid-subset", args.subset, "--model-overrides", repr(overrides), *extra]
+                "--valid-subset", args.subset, "--model-overrides", repr(overrides),
+                "--required-batch-size-multiple", "1", *extra]
     if not any(a.startswith(("--max-tokens", "--batch-size")) for a in extra):
         sys.argv += ["--max-tokens", "4000"]
     validate.cli_main()

@@ -70,6 +70,9 @@ def plot(path: str, rows: List[Dict]):
     ax.axhline(base["bleu"], color="gray", lw=0.8, ls=":", label="unpruned")
     series: Dict[str, List] = {}
     for r in rows[1:]:
+        if r["method"] == "control":
+            ax.axhline(r["bleu"], color="gray", lw=0.8, ls="--", label=r["setting"])
+            continue
         series.setdefault(f"{r['method']} ({r['types']})", []).append(
             (sum(r["heads"].values()), r["bleu"]))
     for name, points in sorted(series.items()):
@@ -98,6 +101,11 @@ def markdown(path: str) -> str:
                  f"{base['bleu']:.2f} | | |")
     for r in rows[1:]:
         if r["method"] == "michel":
+            continue
+        if r["method"] == "control":
+            lines.append(f"| - | {r['setting']} | "
+                         f"{' / '.join(str(r['heads'][k]) for k in 'EDA')} | {r['bleu']:.2f} | "
+                         f"{r['delta']:+.2f} | |")
             continue
         m = michel.get(r["label"])
         other = f"{m['bleu']:.2f} ({m['delta']:+.2f})" if m else ""

@@ -78,7 +78,10 @@ def summarize(out_dir: str) -> str:
     if os.path.exists(voita):
         lines.append("\nVoita et al. (2019): Hard Concrete gates + L0 fine-tuned from this model "
                      "(`scripts/reproduce/voita_demo.sh`), heads removed with `fold`, beside "
-                     "Michel et al.'s ranking at the same head counts:\n")
+                     "Michel et al.'s ranking at the same head counts (pruned, not fine-tuned, "
+                     "as in their paper) and the same fine-tuning without gates (the control "
+                     "row: this small model is under-trained, so extra updates alone add "
+                     "BLEU):\n")
         lines.append(head_table.markdown(voita))
     return "\n".join(lines) + "\n"
 

@@ -9,6 +9,7 @@ is written once, by rank 0, in :meth:`HeadImportanceTask.reduce_metrics`.
 """
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Dict, List
 
@@ -19,6 +20,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from fairseq_headprune.heads.layout import ATTENTION_TYPES
+from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.heads.scores import SCORERS, Scores, normalize_by_layer, to_lists
 from fairseq_headprune.heads.spec import spec_to_json
 from fairseq_headprune.io import write_json
@@ -84,6 +86,12 @@ class HeadImportanceTask(TranslationTask):
     def __init__(self, cfg, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
         self.scorer = SCORERS[str(cfg.importance_scorer)](absolute=str(cfg.importance_abs))
+        self.scored_subset = None
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        if split != getattr(self.cfg, "train_subset", "train"):
+            self.scored_subset = split
 
     def valid_step(self, sample, model, criterion):
         model.eval()
@@ -96,7 +104,17 @@ class HeadImportanceTask(TranslationTask):
         super().reduce_metrics(logging_outputs, criterion)
         if not any(KEY + k in log for log in logging_outputs for k in ATTENTION_TYPES):
             return
+        subset = self.scored_subset
+        expected = len(self.dataset(subset)) if subset in self.datasets else None
+        counted = sum(int(log.get("nsentences", 0)) for log in logging_outputs)
+        if expected is not None and counted != expected:
+            raise HeadPruneError(
+                f"head importance saw {counted} of the {expected} sentences of '{subset}' in "
+                f"{self.cfg.data}: fairseq-validate drops the last batch unless "
+                f"--required-batch-size-multiple 1 (and skips sentences longer than the model's "
+                f"positions); nothing was written.")
         result = {"method": "Michel et al. 2019, gradient importance",
+                  "data": os.path.abspath(str(self.cfg.data)), "subset": subset,
                   "scorer": str(self.cfg.importance_scorer),
                   "absolute": str(self.cfg.importance_abs),
                   "normalize": str(self.cfg.importance_normalize),

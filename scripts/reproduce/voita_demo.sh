@@ -66,6 +66,19 @@ evaluate() {
     -o "$OUT/eval.json"
 }
 
+echo "== 0/4 control: the same fine-tuning without gates (the demo model is under-trained, so"
+echo "      extra updates alone raise BLEU; compare the gated runs with this row)"
+name="finetune-no-gates"
+if [ ! -f "$OUT/runs/$name/done" ]; then
+  fairseq-train "$BIN" "${MODEL_ARGS[@]}" "${ARCH_ARGS[@]}" --restore-file "$MODEL" \
+    --reset-optimizer --reset-dataloader --reset-meters --reset-lr-scheduler \
+    --criterion label_smoothed_cross_entropy --max-update "$UPDATES" \
+    --save-dir "$OUT/runs/$name" --no-epoch-checkpoints --disable-validation "${DEVICE_ARGS[@]}"
+  touch "$OUT/runs/$name/done"
+fi
+[ -f "$OUT/pruned/$name.pt" ] || cp "$OUT/runs/$name/checkpoint_last.pt" "$OUT/pruned/$name.pt"
+printf '%s\tcontrol\t-\tfine-tuned, no gates\n' "$name" >> "$MANIFEST.new"
+
 echo "== 1/4 Voita: L0 lambda sweep"
 for types in $TYPES; do
   for lambda in $LAMBDAS; do
@@ -89,7 +102,7 @@ evaluate
 
 echo "== 3/4 Michel et al. at the same head counts"
 while IFS=$'\t' read -r label method types _; do
-  [ "$method" = michel ] && continue
+  [ "$method" = michel ] || [ "$method" = control ] && continue
   name="michel-at-$label"
   if [ ! -f "$OUT/pruned/$name.pt" ]; then
     fairseq-headprune choose --importance "$IMPORTANCE" --keep-per-type "$(counts "$label")" \
