@@ -3,6 +3,12 @@
 from fairseq_headprune.cli.common import file_size
 
 
+def print_parameters(report):
+    """The parameter line that prune and fold print from their reports."""
+    print(f"parameters: {report['params_before']:,} -> {report['params_after']:,} "
+          f"({report['params_after'] - report['params_before']:+,})")
+
+
 def cmd_convert(args):
     from fairseq_headprune.pruning.checkpoint import save_checkpoint
     from fairseq_headprune.pruning.convert import convert_checkpoint
@@ -31,8 +37,7 @@ def cmd_prune(args):
     r = prune_checkpoint(args.path, spec, args.output)
     print(f"removed {r['removed']} heads ({format_head_spec(spec)}): "
           f"{r['heads_before']} -> {r['heads_after']} heads")
-    print(f"parameters: {r['params_before']:,} -> {r['params_after']:,} "
-          f"({r['params_after'] - r['params_before']:+,})")
+    print_parameters(r)
     print(f"weights:    {r['bytes_before'] / 2**20:.2f} MiB -> {r['bytes_after'] / 2**20:.2f} MiB")
     print(f"file size:  {file_size(args.path)} -> {file_size(args.output)} "
           f"(optimizer state dropped)")
@@ -45,8 +50,7 @@ def cmd_fold(args):
     print(f"folded the gates of {args.path} -> {args.output}: removed {r['removed']} heads with "
           f"gate 0, folded {r['scaled']} fractional gates into out_proj; "
           f"{r['heads_before']} -> {r['heads_after']} heads")
-    print(f"parameters: {r['params_before']:,} -> {r['params_after']:,} "
-          f"({r['params_after'] - r['params_before']:+,})")
+    print_parameters(r)
 
 
 def cmd_inspect(args):

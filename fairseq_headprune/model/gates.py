@@ -29,7 +29,8 @@ from torch.optim.optimizer import (
     register_optimizer_step_post_hook, register_optimizer_step_pre_hook)
 
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.heads.layout import ATTENTION_TYPES, attention_modules, module_prefix
+from fairseq_headprune.heads.layout import (
+    ATTENTION_TYPES, HeadLayout, attention_modules, module_prefix)
 
 GATE_REGISTRY: Dict[str, Type["HeadGates"]] = {}
 
@@ -327,12 +328,9 @@ def detach_gates(model: nn.Module):
 def gates_from_state_dict(kind: str, types: str, state_dict: Dict[str, Tensor], args=None
                           ) -> HeadGates:
     """Rebuild a checkpoint's gate module from its state dict alone (no task, no model)."""
-    heads = {}
-    for t in parse_gate_types(types):
-        layer = 0
-        while module_prefix(t, layer) + "kept_heads" in state_dict:
-            heads[module_key(t, layer)] = len(state_dict[module_prefix(t, layer) + "kept_heads"])
-            layer += 1
+    kept = HeadLayout.from_state_dict(state_dict, {k: 0 for k in ATTENTION_TYPES}).kept
+    heads = {module_key(t, layer): len(held) for t in parse_gate_types(types)
+             for layer, held in enumerate(kept.get(t, []))}
     gates = build_gates(kind, heads, args)
     own = {k[len("head_gates."):]: v for k, v in state_dict.items() if k.startswith("head_gates.")}
     gates.load_state_dict(own, strict=True)
