@@ -12,8 +12,8 @@ The gate module computes every module's gate at once (:meth:`HeadGates.compute`)
 one is asked for after :meth:`HeadGates.reset`; the model resets it at each ``forward``, so a
 training batch draws one sample for all modules (a global budget such as DSP's needs this), and
 incremental decoding reuses the eval gates of the first step. Gate parameters and buffers stay
-float32 when the model is cast with ``.half()`` / ``.to(bfloat16)`` (``--fp16``, ``--bf16``,
-``--memory-efficient-fp16``); the gate is cast to the activations' dtype where it is applied.
+in their own dtype (float32; float64 for DSP's logits) when the model is cast with ``.half()`` /
+``.to(bfloat16)`` (``--fp16``, ``--bf16``, ``--memory-efficient-fp16``); the gate is cast to the activations' dtype where it is applied.
 
 Modules are named by keys ``E0``, ``D11``, ``A3``: type letter and 0-based layer.
 """
@@ -150,9 +150,13 @@ class HeadGates(nn.Module):
         self.build()
         self._mark_lr()
 
+    def own_lr(self) -> Optional[float]:
+        """The gate parameters' own learning rate: ``--head-gates-lr`` (None: the model's)."""
+        return getattr(self.args, "head_gates_lr", None)
+
     def _mark_lr(self):
-        """Give every gate parameter the rate of ``--head-gates-lr`` (none: the model's rate)."""
-        lr = getattr(self.args, "head_gates_lr", None)
+        """Give every gate parameter the rate of :meth:`own_lr` (none: the model's rate)."""
+        lr = self.own_lr()
         for p in self.parameters():
             if lr is not None:
                 p.headprune_lr = float(lr)
@@ -206,9 +210,13 @@ class HeadGates(nn.Module):
         return super().train(mode)
 
     def _apply(self, fn, recurse=True):
-        """Move with the model, but keep floating tensors float32 (``.half()``, ``--bf16``)."""
+        """Move with the model, but keep floating tensors in their own dtype (float32, or
+        float64 for DSP's logits) when the model is cast (``.half()``, ``--bf16``)."""
         self.reset()
-        return super()._apply(lambda t: fn(t).float() if t.is_floating_point() else fn(t), recurse)
+
+        def move(t):  # only to fn's device: a cast and back would round the values
+            return t.to(fn(t.new_empty(0)).device) if t.is_floating_point() else fn(t)
+        return super()._apply(move, recurse)
 
     def _load_from_state_dict(self, *args, **kwargs):
         self.reset()

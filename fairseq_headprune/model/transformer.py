@@ -66,6 +66,10 @@ class HeadPruneTransformerModel(TransformerModel):
             help="learning rate of the gate parameters, kept whatever the lr scheduler does to "
                  "the model's (default: the model's rate, as the papers); exact for adam, sgd, "
                  "nag and adagrad")
+        parser.add_argument(
+            "--head-gates-only", action="store_true",
+            help="train the gate parameters alone, every other parameter frozen (DSP's "
+                 "pipelined schedule: learn which heads to keep on a converged model)")
         for kind in sorted(GATE_REGISTRY):
             GATE_REGISTRY[kind].add_args(parser)
 
@@ -76,14 +80,25 @@ class HeadPruneTransformerModel(TransformerModel):
             HeadLayout.from_json(args.head_layout).apply(model)
         model.head_gates = None
         kind = getattr(args, "head_gates", None)
-        if kind and getattr(args, "head_gates_lr", None) is not None and getattr(
-                args, "fp16", False) and not (getattr(args, "memory_efficient_fp16", False)
-                                              or getattr(args, "fp16_no_flatten_grads", False)):
-            raise HeadPruneError("--head-gates-lr with --fp16 needs --fp16-no-flatten-grads or "
-                                 "--memory-efficient-fp16 (flat fp32 copies hide the gates).")
         if kind:
             types = parse_gate_types(getattr(args, "head_gates_types", None) or "E,D,A")
-            attach_gates(model, build_gates(kind, gated_heads(model, types), args))
+            gates = build_gates(kind, gated_heads(model, types), args)
+            if gates.own_lr() is not None and getattr(args, "fp16", False) and not (
+                    getattr(args, "memory_efficient_fp16", False)
+                    or getattr(args, "fp16_no_flatten_grads", False)):
+                raise HeadPruneError(
+                    f"{kind} gates with their own learning rate (--head-gates-lr"
+                    f"{', --subset-lr' if kind == 'subset' else ''}) under --fp16 need "
+                    f"--fp16-no-flatten-grads or --memory-efficient-fp16 (flat fp32 copies hide "
+                    f"the gates).")
+            attach_gates(model, gates)
+            if getattr(args, "head_gates_only", False):
+                for name, param in model.named_parameters():
+                    if not name.startswith("head_gates."):
+                        param.requires_grad_(False)
+        elif getattr(args, "head_gates_only", False):
+            raise HeadPruneError("--head-gates-only trains the gates alone, but the model has "
+                                 "none: add --head-gates KIND.")
         return model
 
     def forward(self, *args, **kwargs):

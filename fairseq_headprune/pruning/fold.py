@@ -82,6 +82,7 @@ def fold_state(state: dict, path: str = "the checkpoint", keep: Optional[int] = 
         del sd[key]
     report["removed"] = remove_heads(sd, layout, closed)
     args.head_gates = None
+    args.head_gates_only = False
     args.head_layout = checkpoint_layout(state).to_json()
     strip_training_state(state)
     report.update(heads_after=checkpoint_layout(state).count(), params_after=count_parameters(sd))
