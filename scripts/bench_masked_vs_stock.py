@@ -44,6 +44,9 @@ def main():
     parser.add_argument("--gates", choices=sorted(GATE_REGISTRY),
                         help="also time a model with this gate kind on every head")
     parser.add_argument("--gate-types", default="E,D,A", help="(default: %(default)s)")
+    parser.add_argument("--gate-option", action="append", default=[], metavar="NAME=VALUE",
+                        help="a model option of the gate kind, e.g. subset_heads=25%% "
+                             "(default for subset: subset_heads=50%%)")
     opts = parser.parse_args()
     logging.getLogger("fairseq").setLevel(logging.WARNING)
 
@@ -63,7 +66,14 @@ def main():
     masked.load_state_dict(stock.state_dict(), strict=False)
     models = {"stock": stock, "masked": masked}
     if opts.gates:
-        gated_args = Namespace(**vars(args), head_gates=opts.gates, head_gates_types=opts.gate_types)
+        extra = {"subset_heads": "50%"} if opts.gates == "subset" else {}
+        for option in opts.gate_option:
+            name, sep, value = option.partition("=")
+            if not sep:
+                parser.error(f"--gate-option '{option}' is not NAME=VALUE")
+            extra[name.strip().replace("-", "_")] = value
+        gated_args = Namespace(**vars(args), head_gates=opts.gates,
+                               head_gates_types=opts.gate_types, **extra)
         gated = build(HeadPruneTransformerModel, base_architecture, dictionary, gated_args)
         gated.load_state_dict(stock.state_dict(), strict=False)
         models["gated"] = gated.to(opts.device)
@@ -97,7 +107,8 @@ def main():
     print(f"device {opts.device}, {opts.layers}+{opts.layers} layers, d={opts.embed_dim}, "
           f"{opts.heads} heads, batch {opts.batch} x {opts.length} tokens, beam {opts.beam}, "
           f"{opts.repeats} repeats" + (f", gates {opts.gates} on {opts.gate_types}"
-                                       if opts.gates else ""))
+                                       if opts.gates else "")
+          + "".join(f", {k}={v}" for k, v in (extra if opts.gates else {}).items()))
     for what, times in (("update", train), ("generate", decode)):
         cells = "  ".join(f"{n} {median(t) * 1000:7.1f} ms [{min(t) * 1000:.1f}-"
                           f"{max(t) * 1000:.1f}]" for n, t in times.items())

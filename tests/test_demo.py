@@ -1,4 +1,5 @@
-"""The offline demo and the Voita reproduction in their QUICK modes, end to end (tiny model)."""
+"""The offline demo and the Voita and DSP reproductions in their QUICK modes, end to end (tiny
+model)."""
 
 import csv
 import json
@@ -17,7 +18,7 @@ def sh(script, **env):
     return proc.stdout
 
 
-def test_quick_demo_and_voita_reproduction(tmp_path):
+def test_quick_demo_and_reproductions(tmp_path):
     demo = str(tmp_path / "demo")
     out = sh("scripts/demo.sh", OUT=demo)
     assert "== 7/7 summary" in out
@@ -48,3 +49,24 @@ def test_quick_demo_and_voita_reproduction(tmp_path):
         assert next(csv.reader(f))[:5] == ["label", "method", "types", "setting", "E"]
     assert os.path.getsize(os.path.join(voita, "voita.png")) > 0
     sh("scripts/reproduce/voita_demo.sh", DEMO=demo)  # resumes: every stage already done
+
+    sh("scripts/reproduce/dsp_demo.sh", DEMO=demo)  # QUICK: keep 50% of the 24 heads
+    dsp = os.path.join(demo, "dsp")
+    with open(os.path.join(dsp, "dsp.json")) as f:
+        rows = json.load(f)["rows"]
+    methods = {r["method"] for r in rows}
+    assert methods == {"unpruned", "control", "dsp-joint", "dsp-ste", "dsp-pipelined",
+                       "dsp-pipelined-ft", "voita-top-k", "michel"}
+    for r in rows:  # every method at the budget keeps exactly K = 12 heads
+        kept = sum(r["heads"].values())
+        assert kept == (24 if r["method"] in ("unpruned", "control") else 12), r
+        assert r["signature"].startswith("nrefs:1|")
+    with open(os.path.join(dsp, "dsp.csv")) as f:
+        assert next(csv.reader(f))[:4] == ["label", "method", "kept_percent", "setting"]
+    assert os.path.getsize(os.path.join(dsp, "dsp.png")) > 0
+    runs = [os.path.join(dsp, "runs", d, "checkpoint_last.pt") for d in os.listdir(
+        os.path.join(dsp, "runs"))]
+    stamps = [os.stat(p).st_mtime_ns for p in runs]
+    again = sh("scripts/reproduce/dsp_demo.sh", DEMO=demo)  # resumes: nothing trained again
+    assert [os.stat(p).st_mtime_ns for p in runs] == stamps and len(runs) == 6
+    assert "| DSP joint |" in again

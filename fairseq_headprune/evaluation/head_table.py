@@ -32,29 +32,35 @@ PAPER = [
 SOURCE = "Voita et al. 2019, WMT EN-RU base (METHODS_NOTES.md 2.7, not re-verified)"
 
 
-def build_rows(evaluated: List[Dict], manifest: List[List[str]]) -> List[Dict]:
-    """Join the manifest with the evaluation rows; BLEU differences to ``unpruned``."""
+def join_rows(evaluated: List[Dict], manifest: List[List[str]], columns: List[str],
+              base_values: List) -> List[Dict]:
+    """Join a manifest (TSV rows: label, then ``columns``) with the evaluation rows: one row per
+    label with its heads, BLEU, difference to ``unpruned`` (first row, ``base_values``) and
+    sacrebleu signature."""
     by_label = {r["label"]: r for r in evaluated}
     base = by_label["unpruned"]
-    rows = [{"label": "unpruned", "method": "unpruned", "types": "", "setting": "",
-             "heads": base["heads"], "bleu": base["bleu"], "delta": 0.0,
-             "signature": base["signature"], "sentences": base["sentences"]}]
-    for label, method, types, setting in manifest:
+    rows = []
+    for label, *values in [["unpruned", "unpruned", *base_values]] + manifest:
         r = by_label[label]
-        rows.append({"label": label, "method": method, "types": types, "setting": setting,
+        rows.append({"label": label, **dict(zip(["method", *columns], values)),
                      "heads": r["heads"], "bleu": r["bleu"],
                      "delta": round(r["bleu"] - base["bleu"], 2), "signature": r["signature"],
                      "sentences": r["sentences"]})
     return rows
 
 
-def write_csv(path: str, rows: List[Dict]):
+def build_rows(evaluated: List[Dict], manifest: List[List[str]]) -> List[Dict]:
+    """Join the manifest (label, method, types, setting) with the evaluation rows."""
+    return join_rows(evaluated, manifest, ["types", "setting"], ["", ""])
+
+
+def write_csv(path: str, rows: List[Dict], columns=("types", "setting")):
+    """One line per row: label, method, ``columns``, heads kept per type, BLEU, signature."""
     buf = io.StringIO()
     writer = csv.writer(buf)
-    writer.writerow(["label", "method", "types", "setting", "E", "D", "A", "bleu", "delta",
-                     "signature"])
+    writer.writerow(["label", "method", *columns, "E", "D", "A", "bleu", "delta", "signature"])
     for r in rows:
-        writer.writerow([r["label"], r["method"], r["types"], r["setting"],
+        writer.writerow([r["label"], r["method"], *(r[c] for c in columns),
                          *(r["heads"].get(k, "") for k in "EDA"), r["bleu"], r["delta"],
                          r["signature"]])
     write_text(path, buf.getvalue())

@@ -5,7 +5,7 @@ import json
 import os
 from typing import Dict, Optional
 
-from fairseq_headprune.evaluation import head_table
+from fairseq_headprune.evaluation import budget_table, head_table
 from fairseq_headprune.heads.layout import TYPE_NAMES
 from fairseq_headprune.io import write_text
 
@@ -83,6 +83,13 @@ def summarize(out_dir: str) -> str:
                      "row: this small model is under-trained, so extra updates alone add "
                      "BLEU):\n")
         lines.append(head_table.markdown(voita))
+    dsp = os.path.join(out_dir, "dsp", "dsp.json")
+    if os.path.exists(dsp):
+        lines.append("\nLi et al. (2021) DSP on this model (`scripts/reproduce/dsp_demo.sh`), "
+                     "beside Voita et al.'s gates cut to the same K and Michel et al.'s ranking "
+                     "at the same K (pruned, not fine-tuned), every pruned model with exactly "
+                     "K heads; BLEU (difference to the unpruned model):\n")
+        lines.append(budget_table.markdown(dsp))
     return "\n".join(lines) + "\n"
 
 
