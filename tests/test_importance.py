@@ -80,12 +80,43 @@ def test_equals_finite_difference(model_task):
         assert scores[kind][layer, head].item() == pytest.approx(numeric, rel=1e-3, abs=1e-7)
 
 
-def test_per_sentence_scores_do_not_depend_on_batching(model_task):
+def test_token_mode_equals_the_authors_formula(model_task):
+    """Reference by hooks: ctx = out_proj's input, s = <ctx_h,t, dL/dctx_h,t>, |s| summed over
+    non-padding tokens (source for E, target for D and A), divided by their number."""
+    model, task = model_task
+    ids = [0, 3, 5, 7, 9]  # sentences of different lengths: padding on both sides
+    sample = collate(task, ids)
+    result = reduce_importance(logs(model, task, [ids], "token"), "none")["raw"]
+    inputs, hooks = {}, []
+    for kind, layer, module in attention_modules(model):
+        def grab(mod, args, key=(kind, layer)):
+            args[0].retain_grad()
+            inputs[key] = args[0]
+        hooks.append(module.out_proj.register_forward_pre_hook(grab))
+    try:
+        criterion(task)(model, sample)[0].backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    src, tgt = sample["net_input"]["src_tokens"], sample["target"]
+    assert src.ne(1).sum() < src.numel() and tgt.ne(1).sum() < tgt.numel()  # there is padding
+    real = {"E": src.ne(1).t(), "D": tgt.ne(1).t(), "A": tgt.ne(1).t()}  # [time, batch]
+    for (kind, layer), x in inputs.items():
+        t, b, _ = x.shape
+        s = (x * x.grad).view(t, b, 4, -1).sum(-1).abs()  # [time, batch, heads]
+        expected = (s * real[kind].unsqueeze(-1)).sum((0, 1)) / real[kind].sum()
+        assert torch.allclose(torch.tensor(result[kind][layer], dtype=torch.float64),
+                              expected.detach(), rtol=1e-6, atol=1e-12)
+    model.zero_grad()
+
+
+@pytest.mark.parametrize("absolute", ["token", "sentence"])
+def test_scores_do_not_depend_on_batching(model_task, absolute):
     model, task = model_task
     ids = list(range(12))
-    one_batch = reduce_importance(logs(model, task, [ids]), "none")
-    singletons = reduce_importance(logs(model, task, [[i] for i in ids]), "none")
-    uneven = reduce_importance(logs(model, task, [ids[:5], ids[5:]]), "none")
+    one_batch = reduce_importance(logs(model, task, [ids], absolute), "none")
+    singletons = reduce_importance(logs(model, task, [[i] for i in ids], absolute), "none")
+    uneven = reduce_importance(logs(model, task, [ids[:5], ids[5:]], absolute), "none")
     for other in (singletons, uneven):
         assert other["sentences"] == one_batch["sentences"] == 12
         for kind in "EDA":
@@ -109,16 +140,18 @@ def test_per_batch_abs_is_at_most_per_sentence(model_task):
     assert single == reduce_importance(logs(model, task, [[4]]), "none")["raw"]
 
 
-def test_two_workers_sum_like_one(model_task):
+@pytest.mark.parametrize("absolute", ["token", "sentence"])
+def test_two_workers_sum_like_one(model_task, absolute):
     """fairseq gathers every worker's logging outputs into one list: halves add up."""
     model, task = model_task
     ids = list(range(12))
-    whole = reduce_importance(logs(model, task, [ids[:6], ids[6:]]))
-    worker0, worker1 = logs(model, task, [ids[0::2]]), logs(model, task, [ids[1::2]])
-    gathered = reduce_importance(worker0 + worker1)
+    whole = reduce_importance(logs(model, task, [ids[:6], ids[6:]], absolute), "none")
+    worker0 = logs(model, task, [ids[0::2]], absolute)
+    worker1 = logs(model, task, [ids[1::2]], absolute)
+    gathered = reduce_importance(worker0 + worker1, "none")
     for kind in "EDA":
-        assert torch.allclose(torch.tensor(gathered["importance"][kind]),
-                              torch.tensor(whole["importance"][kind]), rtol=1e-6)  # float32 softmax inside fairseq
+        assert torch.allclose(torch.tensor(gathered["raw"][kind]),
+                              torch.tensor(whole["raw"][kind]), rtol=1e-6)  # float32 softmax inside fairseq
 
 
 def test_layer_normalisation_hand_computed():
@@ -152,7 +185,7 @@ def test_fairseq_validate_writes_importance(headprune_checkpoint, data_dir, tmp_
     run(["fairseq-headprune", "importance", data_dir, "--path", headprune_checkpoint,
          "-o", str(wrapped), "--cpu", "--max-tokens", "300"])
     a, b = json.loads(out.read_text()), json.loads(wrapped.read_text())
-    assert a["sentences"] == 24 and a["normalize"] == "layer_l2" and a["absolute"] == "sentence"
+    assert a["sentences"] == 24 and a["normalize"] == "layer_l2" and a["absolute"] == "token"
     assert [len(a["importance"][k]) for k in "EDA"] == [2, 2, 2]
     assert all(len(row) == 4 for k in "EDA" for row in a["importance"][k])
     for k in "EDA":

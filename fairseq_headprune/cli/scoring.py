@@ -31,6 +31,28 @@ def cmd_importance(args, extra):
     validate.cli_main()
 
 
+def cmd_correlate(args):
+    """Spearman's rho per attention type between importance files, each against the first."""
+    from fairseq_headprune.errors import HeadPruneError
+    from fairseq_headprune.heads.rank import correlate
+    from fairseq_headprune.heads.scores import read_importance
+    from fairseq_headprune.io import write_json
+
+    labels = args.labels or args.importance
+    if len(labels) != len(args.importance):
+        raise HeadPruneError(f"--labels names {len(labels)} files, --importance "
+                             f"{len(args.importance)}.")
+    tables = [read_importance(p) for p in args.importance]
+    rows = [{"label": label, "against": labels[0], "spearman": correlate(tables[0], t)}
+            for label, t in zip(labels[1:], tables[1:])]
+    for r in rows:
+        rho = "  ".join(f"{k} {'-' if v is None else f'{v:+.3f}'}"
+                        for k, v in r["spearman"].items())
+        print(f"{r['label']} vs {r['against']}: Spearman {rho}")
+    if args.output:
+        write_json(args.output, {"files": dict(zip(labels, args.importance)), "rows": rows})
+
+
 def cmd_choose(args):
     from fairseq_headprune.heads.scores import read_importance
     from fairseq_headprune.heads.spec import format_head_spec, spec_to_json
@@ -60,13 +82,21 @@ def add_parsers(sub):
     p.add_argument("data", help="fairseq-preprocess output folder")
     p.add_argument("--path", required=True, help="transformer_headprune checkpoint")
     p.add_argument("--subset", default="valid", help="(default: %(default)s)")
-    p.add_argument("--abs", choices=["sentence", "batch"], default="sentence",
-                   help="|gradient| per sentence (paper) or per batch (authors' code) "
+    p.add_argument("--abs", choices=["token", "sentence", "batch"], default="token",
+                   help="token: |<ctx, dL/dctx>| per token (the authors' code); sentence: "
+                        "|dL(x)/dxi| per sentence (the paper's equation); batch: per batch "
                         "(default: %(default)s)")
     p.add_argument("--normalize", choices=["layer_l2", "none"], default="layer_l2",
                    help="(default: %(default)s)")
     p.add_argument("-o", "--output", required=True, help="importance JSON to write")
     p.set_defaults(func=cmd_importance, passthrough=True)
+
+    p = sub.add_parser("correlate", help="rank correlation (Spearman, per attention type) of "
+                                         "importance files against the first")
+    p.add_argument("--importance", nargs="+", required=True, help="importance JSON files")
+    p.add_argument("--labels", nargs="+", help="a name per file (default: the paths)")
+    p.add_argument("-o", "--output", help="JSON to write the correlations to")
+    p.set_defaults(func=cmd_correlate)
 
     p = sub.add_parser("choose", help="heads to prune from an importance JSON")
     p.add_argument("--importance", required=True, help="importance JSON")

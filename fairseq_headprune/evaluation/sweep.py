@@ -22,7 +22,7 @@ from fairseq_headprune.heads.scores import from_lists, read_importance
 from fairseq_headprune.heads.spec import format_head_spec, spec_from_json, spec_to_json
 from fairseq_headprune.io import load_rows, write_json, write_text
 from fairseq_headprune.methods.importance_task import reduce_importance, scores_to_log
-from fairseq_headprune.methods.michel import GradientImportance
+from fairseq_headprune.methods.michel import COUNT, GradientImportance
 from fairseq_headprune.pruning.masking import pruned_copy
 from fairseq_headprune.pruning.remove import prune_checkpoint
 from fairseq_headprune.pruning.selection import choose_heads, merge_specs
@@ -34,13 +34,14 @@ CURVES = {"all": "EDA", "E": "E", "D": "D", "A": "A"}
 
 def rescore(model, task, subset: str, criterion, max_tokens: int, device: str):
     """Gradient importance of the current (pruned) model, computed in-process."""
-    scorer = GradientImportance("sentence")
+    scorer = GradientImportance()
     logs = []
     for sample in batches(task, subset, model, max_tokens):
         sample = utils.move_to_cuda(sample) if device != "cpu" else sample
         scores, _, _, log = scorer.batch_scores(model, sample, criterion)
         logs.append({**scores_to_log(scores), "nsentences": log["nsentences"],
-                     "ntokens": log["ntokens"]})
+                     "ntokens": log["ntokens"],
+                     **{k: v for k, v in log.items() if k.startswith(COUNT)}})
     return from_lists(reduce_importance(logs)["importance"])
 
 

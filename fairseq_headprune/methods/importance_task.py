@@ -24,9 +24,7 @@ from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.heads.scores import SCORERS, Scores, normalize_by_layer, to_lists
 from fairseq_headprune.heads.spec import spec_to_json
 from fairseq_headprune.io import write_json
-from fairseq_headprune.methods import (
-    michel,  # noqa: F401  (registers the gradient scorer)
-)
+from fairseq_headprune.methods.michel import COUNT  # importing registers the gradient scorer
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +39,12 @@ class HeadImportanceConfig(TranslationConfig):
     importance_scorer: ChoiceEnum(list(SCORERS)) = field(
         default="gradient",
         metadata={"help": "gradient: Michel et al. (2019) I_h = E_x |dL(x)/dxi_h|"})
-    importance_abs: ChoiceEnum(["sentence", "batch"]) = field(
-        default="sentence",
-        metadata={"help": "take |gradient| per sentence (the paper's equation; independent of "
-                          "batching) or per batch (the authors' code)"})
+    importance_abs: ChoiceEnum(["token", "sentence", "batch"]) = field(
+        default="token",
+        metadata={"help": "token: |<ctx, dL/dctx>| per token, averaged over tokens (the "
+                          "authors' code); sentence: |dL(x)/dxi| per sentence (the paper's "
+                          "equation); batch: per batch. token and sentence do not depend on "
+                          "batching"})
     importance_normalize: ChoiceEnum(["layer_l2", "none"]) = field(
         default="layer_l2",
         metadata={"help": "divide each layer's scores by their L2 norm (the paper's default) "
@@ -61,8 +61,9 @@ def reduce_importance(logging_outputs: List[dict], normalize: str = "layer_l2") 
 
     Returns:
         ``{"sentences", "tokens", "raw", "importance", "removed"}``; ``raw`` is the mean over
-        sentences of the per-sentence (or per-batch) absolute gradients, ``importance`` the same
-        after the chosen normalisation, ``removed`` the heads absent from the model (1-based).
+        the units each type's scores sum over (tokens in ``token`` mode, sentences otherwise) of
+        the absolute gradients, ``importance`` the same after the chosen normalisation,
+        ``removed`` the heads absent from the model (1-based).
     """
     sentences = sum(int(log.get("nsentences", 0)) for log in logging_outputs)
     tokens = sum(int(log.get("ntokens", 0)) for log in logging_outputs)
@@ -71,7 +72,8 @@ def reduce_importance(logging_outputs: List[dict], normalize: str = "layer_l2") 
         tables = [log[KEY + kind] for log in logging_outputs if KEY + kind in log]
         if tables:
             totals[kind] = torch.stack([torch.as_tensor(t) for t in tables]).sum(0)
-    raw = {k: v / max(sentences, 1) for k, v in totals.items()}
+    counts = {k: sum(int(log.get(COUNT + k, 0)) for log in logging_outputs) for k in totals}
+    raw = {k: v / max(counts[k] or sentences, 1) for k, v in totals.items()}
     final = normalize_by_layer(raw) if normalize == "layer_l2" else raw
     removed = {k: {layer: [h for h in range(v.size(1)) if torch.isnan(v[layer, h])]
                    for layer in range(v.size(0))} for k, v in raw.items()}
