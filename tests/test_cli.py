@@ -160,3 +160,33 @@ def test_bad_input(command, path, heads, message, headprune_checkpoint, stock_ch
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith(f"fairseq-headprune {command}: error: {message.format(**paths)}")
     assert list(out_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("command, extra", [("prune", ["--heads", "E:1:1"]), ("fold", []),
+                                            ("convert", [])])
+def test_output_over_the_input_is_refused(command, extra, headprune_checkpoint, tmp_path):
+    source = tmp_path / "model.pt"
+    source.write_bytes(open(headprune_checkpoint, "rb").read())
+    before = source.read_bytes()
+    alias = str(tmp_path / "." / "model.pt")  # the same file under another spelling
+    proc = run(["fairseq-headprune", command, "--path", str(source), *extra, "-o", alias],
+               check=False)
+    assert proc.returncode == 2 and source.read_bytes() == before
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"fairseq-headprune {command}: error: -o {alias} is the input checkpoint {source}: "
+        f"write to another file, or pass --overwrite-input to replace it.")
+    if command == "prune":  # asked for explicitly, it replaces the input atomically
+        run(["fairseq-headprune", command, "--path", str(source), *extra, "-o", alias,
+             "--overwrite-input"])
+        assert source.read_bytes() != before
+
+
+@pytest.mark.parametrize("heads", ["", '{"E": {}}'])
+def test_an_empty_head_spec_is_refused(heads, headprune_checkpoint, tmp_path):
+    out = tmp_path / "out.pt"
+    proc = run(["fairseq-headprune", "prune", "--path", headprune_checkpoint, "--heads", heads,
+                "-o", str(out)], check=False)
+    assert proc.returncode == 2 and not out.exists()
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"fairseq-headprune prune: error: the head spec {heads!r} names no heads: nothing to "
+        f"prune, nothing written.")

@@ -1,6 +1,6 @@
 """Subcommands that read and write checkpoints: ``convert``, ``prune``, ``fold``, ``inspect``."""
 
-from fairseq_headprune.cli.common import file_size
+from fairseq_headprune.cli.common import add_overwrite_option, file_size, refuse_overwrite
 
 
 def print_parameters(report):
@@ -13,6 +13,7 @@ def cmd_convert(args):
     from fairseq_headprune.pruning.checkpoint import save_checkpoint
     from fairseq_headprune.pruning.convert import convert_checkpoint
 
+    refuse_overwrite(args, args.path)
     state = convert_checkpoint(args.path)
     save_checkpoint(state, args.output)
     print(f"converted {args.path} -> {args.output} (arch {state['cfg']['model'].arch})")
@@ -31,9 +32,13 @@ def cmd_prune(args):
         return cmd_fold(args)
     if args.keep_heads is not None:
         raise HeadPruneError("--keep-heads goes with --from-gates.")
-    if not (args.path and args.heads):
+    if not args.path or args.heads is None:
         raise HeadPruneError("prune needs --path and --heads (or --from-gates GATED.pt).")
+    refuse_overwrite(args, args.path)
     spec = parse_head_spec(args.heads)
+    if not format_head_spec(spec):
+        raise HeadPruneError(f"the head spec {args.heads!r} names no heads: nothing to prune, "
+                             f"nothing written.")
     r = prune_checkpoint(args.path, spec, args.output)
     print(f"removed {r['removed']} heads ({format_head_spec(spec)}): "
           f"{r['heads_before']} -> {r['heads_after']} heads")
@@ -46,6 +51,7 @@ def cmd_prune(args):
 def cmd_fold(args):
     from fairseq_headprune.pruning.fold import fold_checkpoint
 
+    refuse_overwrite(args, args.path)
     r = fold_checkpoint(args.path, args.output, args.keep_heads)
     print(f"folded the gates of {args.path} -> {args.output}: removed {r['removed']} heads with "
           f"gate 0, folded {r['scaled']} fractional gates into out_proj; "
@@ -87,6 +93,7 @@ def add_parsers(sub):
     p = sub.add_parser("convert", help="stock transformer checkpoint -> transformer_headprune")
     p.add_argument("--path", required=True, help="stock fairseq transformer checkpoint")
     p.add_argument("-o", "--output", required=True, help="converted checkpoint to write")
+    add_overwrite_option(p)
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("prune", help="physically remove heads from a checkpoint")
@@ -99,6 +106,7 @@ def add_parsers(sub):
     p.add_argument("--keep-heads", type=int, metavar="K",
                    help="with --from-gates: keep only the K largest evaluation gates")
     p.add_argument("-o", "--output", required=True, help="pruned checkpoint to write")
+    add_overwrite_option(p)
     p.set_defaults(func=cmd_prune)
 
     p = sub.add_parser("fold", help="gated checkpoint -> plain pruned checkpoint: remove heads "
@@ -108,6 +116,7 @@ def add_parsers(sub):
                    help="keep only the K largest evaluation gates of all gated modules (the DSP "
                         "fork's --num-of-heads); default: every head whose gate is not 0")
     p.add_argument("-o", "--output", required=True, help="pruned checkpoint to write")
+    add_overwrite_option(p)
     p.set_defaults(func=cmd_fold)
 
     p = sub.add_parser("inspect", help="print the head layout (and gate values) of a checkpoint")

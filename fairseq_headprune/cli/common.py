@@ -1,4 +1,5 @@
-"""Small helpers shared by the subcommand modules: list options and the default device."""
+"""Small helpers shared by the subcommand modules: list options, the default device, and the
+guard that keeps a command from writing over its own input."""
 
 import os
 
@@ -19,3 +20,20 @@ def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def refuse_overwrite(args, *inputs: str):
+    """One sentence unless ``-o`` names a file other than every input (or ``--overwrite-input``
+    asks for it): a pruned model written over its source loses the source."""
+    from fairseq_headprune.errors import HeadPruneError
+
+    out = os.path.realpath(args.output)
+    for path in inputs:
+        if path and os.path.realpath(path) == out and not getattr(args, "overwrite_input", False):
+            raise HeadPruneError(f"-o {args.output} is the input checkpoint {path}: write to "
+                                 f"another file, or pass --overwrite-input to replace it.")
+
+
+def add_overwrite_option(parser):
+    parser.add_argument("--overwrite-input", action="store_true",
+                        help="allow -o to name the input checkpoint (replaced atomically)")

@@ -107,8 +107,13 @@ while IFS=$'\t' read -r label method types _; do
   if [ ! -f "$OUT/pruned/$name.pt" ]; then
     fairseq-headprune choose --importance "$IMPORTANCE" --keep-per-type "$(counts "$label")" \
       -o "$OUT/pruned/$name.json"
-    fairseq-headprune prune --path "$MODEL" --heads "$OUT/pruned/$name.json" \
-      -o "$OUT/pruned/$name.pt"
+    if "$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["spec"] else 1)' \
+        "$OUT/pruned/$name.json"; then
+      fairseq-headprune prune --path "$MODEL" --heads "$OUT/pruned/$name.json" \
+        -o "$OUT/pruned/$name.pt"
+    else  # the gated run kept every head: nothing to remove
+      cp "$MODEL" "$OUT/pruned/$name.pt"
+    fi
   fi
   printf '%s\tmichel\t%s\tsame heads as %s\n' "$name" "$types" "$label" >> "$MANIFEST.new"
 done < <(cat "$MANIFEST.new")
