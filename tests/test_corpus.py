@@ -1,5 +1,6 @@
 """The gettext corpus builder on hand-written .po files."""
 
+import hashlib
 import json
 import os
 
@@ -109,12 +110,36 @@ def test_build_corpus_end_to_end(tmp_path):
     for f in ("dict.en.txt", "dict.de.txt", "train.en-de.en.bin", "test.en-de.de.idx"):
         assert os.path.exists(out / "bin" / f)
     assert (out / "raw" / "test.en").read_text().count("\n") == sizes["test"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["catalogs"] == [{"path": str(cats / "a.po"), "pairs": 300,
+                                     "sha256": hashlib.sha256((cats / "a.po").read_bytes())
+                                     .hexdigest()}]
+    assert manifest["filters"]["max_words"] == 50 and manifest["filters"]["valid_share"] == 0.1
+    assert manifest["outputs"]["raw/test.en"] == hashlib.sha256(
+        (out / "raw" / "test.en").read_bytes()).hexdigest()
+    assert "bin/dict.en.txt" in manifest["outputs"] and "spm/spm.vocab" in manifest["outputs"]
+    assert meta["manifest_sha256"] == hashlib.sha256(
+        (out / "manifest.json").read_bytes()).hexdigest()
+    again = tmp_path / "again"  # the same catalogs give the same corpus, file for file
+    build_corpus([str(cats)], str(again), valid_share=0.1, test_share=0.1, vocab_size=200)
+    assert json.loads((again / "manifest.json").read_text())["outputs"] == manifest["outputs"]
     # adding a catalog never moves an existing sentence to another split
     synthetic_po(cats / "b.po", 150, ["green"])
     before = set((out / "raw" / "test.en").read_text().splitlines())
     build_corpus([str(cats)], str(out), valid_share=0.1, test_share=0.1, vocab_size=200)
     after = set((out / "raw" / "test.en").read_text().splitlines())
     assert before <= after and len(after) > len(before)
+
+
+def test_too_few_pairs_names_the_packages(tmp_path):
+    cats = tmp_path / "cats"
+    cats.mkdir()
+    synthetic_po(cats / "a.po", 2, ["red"])
+    with pytest.raises(HeadPruneError) as err:
+        build_corpus([str(cats)], str(tmp_path / "out"), valid_share=0.1, test_share=0.1)
+    assert str(err.value).startswith("only 2 usable pairs in 1 catalogs: too few to fill train, "
+                                     "valid and test. Catalogs come with installed programs; on "
+                                     "Debian or Ubuntu, 'apt-get install libc-l10n iso-codes ")
 
 
 def test_no_catalogs(tmp_path):

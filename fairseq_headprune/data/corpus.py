@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import polib
 
@@ -28,6 +28,11 @@ from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.io import write_json, write_text
 
 logger = logging.getLogger(__name__)
+
+MAX_WORDS, MIN_LETTER_SHARE = 50, 0.5  # the filters (recorded in the manifest)
+# Debian/Ubuntu packages that carry many catalogs (glibc, ISO names, GnuPG, util-linux, ...)
+CATALOG_PACKAGES = ("libc-l10n", "iso-codes", "gnupg-l10n", "util-linux-locales", "gettext",
+                    "git", "xkb-data", "coreutils")
 
 _FORMAT = re.compile(
     r"%(?:\d+\$)?[-+ #0']*\d*(?:\.\d+)?(?:hh|h|ll|l|L|q|j|z|t|I64|PRI\w+)?[diouxXeEfgGcsSpm%]"
@@ -44,7 +49,7 @@ def clean(text: str) -> str:
     return _SPACE.sub(" ", text).strip()
 
 
-def is_prose(text: str, min_letter_share: float = 0.5) -> bool:
+def is_prose(text: str, min_letter_share: float = MIN_LETTER_SHARE) -> bool:
     """True when ``text`` is language, not mostly format specifiers, markup or symbols."""
     stripped = _FORMAT.sub(" ", text)
     letters = sum(ch.isalpha() for ch in stripped)
@@ -65,8 +70,10 @@ def catalog_files(paths: Iterable[str], lang: str) -> List[str]:
     return files
 
 
-def read_pairs(files: Iterable[str]) -> Iterable[Tuple[str, str]]:
-    """Yield (English source, translation) pairs of every usable entry of the catalogs."""
+def read_pairs(files: Iterable[str], counts: Optional[Dict[str, int]] = None
+               ) -> Iterable[Tuple[str, str]]:
+    """Yield (English source, translation) pairs of every usable entry of the catalogs; with
+    ``counts``, also count the pairs each catalog gave (before filtering)."""
     for path in files:
         try:
             catalog = polib.mofile(path) if path.endswith(".mo") else polib.pofile(path)
@@ -84,10 +91,12 @@ def read_pairs(files: Iterable[str]) -> Iterable[Tuple[str, str]]:
                 candidates = [(entry.msgid, entry.msgstr)]
             for src, tgt in candidates:
                 if tgt:
+                    if counts is not None:
+                        counts[path] = counts.get(path, 0) + 1
                     yield src, tgt
 
 
-def filter_pairs(pairs: Iterable[Tuple[str, str]], max_words: int = 50
+def filter_pairs(pairs: Iterable[Tuple[str, str]], max_words: int = MAX_WORDS
                  ) -> Dict[str, str]:
     """Clean, filter and deduplicate: one translation per source (the most frequent, then the
     alphabetically first), prose on both sides, not copied untranslated, at most ``max_words``."""
@@ -146,13 +155,17 @@ def build_corpus(sources: List[str], out_dir: str, src_lang: str = "en", tgt_lan
     files = catalog_files(sources, other)
     if not files:
         raise HeadPruneError(f"no .mo or .po catalogs for '{other}' found under {', '.join(sources)}.")
-    pairs = filter_pairs(read_pairs(files))
+    read: Dict[str, int] = {}
+    pairs = filter_pairs(read_pairs(files, read))
     if src_lang != "en":
         pairs = filter_pairs((t, s) for s, t in pairs.items())
     splits = split_pairs(pairs, valid_share, test_share)
     if min(len(v) for v in splits.values()) == 0:
-        raise HeadPruneError(f"only {len(pairs)} usable pairs in {len(files)} catalogs: too few "
-                             f"to fill train, valid and test.")
+        raise HeadPruneError(
+            f"only {len(pairs)} usable pairs in {len(files)} catalogs: too few to fill train, "
+            f"valid and test. Catalogs come with installed programs; on Debian or Ubuntu, "
+            f"'apt-get install {' '.join(CATALOG_PACKAGES)}' adds thousands of pairs (and "
+            f"slim images may exclude /usr/share/locale in /etc/dpkg/dpkg.cfg.d).")
     raw, pieces, binary = (os.path.join(out_dir, d) for d in ("raw", "spm", "bin"))
     for d in (raw, pieces):
         os.makedirs(d, exist_ok=True)
@@ -183,7 +196,32 @@ def build_corpus(sources: List[str], out_dir: str, src_lang: str = "en", tgt_lan
     if proc.returncode != 0:
         raise HeadPruneError(f"fairseq-preprocess failed: {proc.stderr.strip().splitlines()[-1]}")
     sizes = {split: len(rows) for split, rows in splits.items()}
+    manifest = {
+        "catalogs": [{"path": path, "sha256": sha256(path), "pairs": read.get(path, 0)}
+                     for path in files],
+        "filters": {"max_words": MAX_WORDS, "min_letter_share": MIN_LETTER_SHARE,
+                    "min_words": 2, "untranslated": "dropped", "duplicates":
+                    "most frequent translation, then alphabetically first",
+                    "valid_share": valid_share, "test_share": test_share,
+                    "split": "sha1 of the source sentence", "sentencepiece_vocab": vocab},
+        # spm.model and preprocess.log embed the output paths; spm.vocab and the encoded text
+        # stand for them, so two machines with the same catalogs get the same hashes
+        "outputs": {os.path.relpath(path, out_dir): sha256(path)
+                    for d in (raw, pieces, binary) for path in sorted(glob.glob(
+                        os.path.join(d, "*")))
+                    if os.path.basename(path) not in ("spm.model", "preprocess.log")},
+    }
+    write_json(os.path.join(out_dir, "manifest.json"), manifest)
     write_json(os.path.join(out_dir, "corpus.json"), {
         "pair": f"{src_lang}-{tgt_lang}", "catalogs": len(files), "pairs": sizes,
-        "sentencepiece_vocab": vocab, "sources": sources})
+        "sentencepiece_vocab": vocab, "sources": sources,
+        "manifest_sha256": sha256(os.path.join(out_dir, "manifest.json"))})
     return sizes
+
+
+def sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

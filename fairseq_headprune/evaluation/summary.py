@@ -26,8 +26,12 @@ def summarize(out_dir: str) -> str:
     lines = []
     if corpus:
         p = corpus["pairs"]
+        manifest = corpus.get("manifest_sha256")
         lines.append(f"Corpus {corpus['pair']} from {corpus['catalogs']} gettext catalogs: "
-                     f"{p['train']:,} train / {p['valid']:,} valid / {p['test']:,} test pairs.\n")
+                     f"{p['train']:,} train / {p['valid']:,} valid / {p['test']:,} test pairs"
+                     + (f" (manifest sha256 `{manifest[:16]}`: results compare only with a "
+                        f"corpus of the same manifest)" if manifest else
+                        " (built before corpus manifests)") + ".\n")
     if sweep:
         rows = sweep["rows"]
         curves = list(dict.fromkeys(r["curve"] for r in rows))
