@@ -1,6 +1,7 @@
 """Atomic output files: a command that fails leaves no partial or corrupt file behind."""
 
 import contextlib
+import glob
 import json
 import os
 import tempfile
@@ -10,10 +11,15 @@ from fairseq_headprune.errors import HeadPruneError
 
 @contextlib.contextmanager
 def atomic_path(path: str):
-    """Yield a temporary path beside ``path``; move it onto ``path`` only if the block succeeds."""
+    """Yield a temporary path beside ``path``; move it onto ``path`` only if the block succeeds.
+
+    The temporary file is named ``.tmp-PID-XXXX<name>``; one left by a writer that was killed
+    (SIGKILL, power loss) is removed by the next write of the same file, once its PID is gone."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=directory)
+    _remove_stale(directory, os.path.basename(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-", suffix=os.path.basename(path),
+                               dir=directory)
     os.close(fd)
     umask = os.umask(0)
     os.umask(umask)
@@ -24,6 +30,23 @@ def atomic_path(path: str):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _remove_stale(directory: str, name: str):
+    """Delete ``.tmp-PID-*name`` files whose writer process no longer exists."""
+    for stale in glob.glob(os.path.join(glob.escape(directory), ".tmp-*-*" + glob.escape(name))):
+        pid = os.path.basename(stale)[len(".tmp-"):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(stale)
+            except FileNotFoundError:
+                pass
+        except PermissionError:  # alive, another user's
+            pass
 
 
 def load_rows(path: str, config: dict, what: str) -> list:
