@@ -5,6 +5,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -244,3 +246,29 @@ def test_missing_data_is_one_sentence(headprune_checkpoint, tmp_path):
     assert proc.returncode == 2 and not out.exists()
     assert proc.stderr.strip().endswith(
         f"error: data directory {tmp_path / 'nowhere'} does not exist.")
+
+
+@pytest.mark.parametrize("batch_size", [5, 3])
+def test_two_data_parallel_workers_equal_one(headprune_checkpoint, data_dir, tmp_path,
+                                             batch_size):
+    """fairseq-validate's loop on 2 gloo workers (5 per batch: one worker gets a filler batch)
+    gives the importance of 1 worker to 1e-6, every sentence counted once."""
+    script = os.path.join(os.path.dirname(__file__), "distributed_importance.py")
+
+    def launch(world, out):
+        procs = [subprocess.Popen(
+            [sys.executable, script, str(rank), str(world), str(tmp_path / f"init{world}"),
+             data_dir, headprune_checkpoint, str(out), str(batch_size)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(world)]
+        for p in procs:
+            _, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err[-3000:]
+        return json.loads(out.read_text())
+
+    one, two = launch(1, tmp_path / "one.json"), launch(2, tmp_path / "two.json")
+    assert one["sentences"] == two["sentences"] == 24 and one["tokens"] == two["tokens"]
+    for kind in "EDA":
+        assert torch.allclose(torch.tensor(two["raw"][kind]), torch.tensor(one["raw"][kind]),
+                              rtol=1e-6, atol=0)
+        assert torch.allclose(torch.tensor(two["importance"][kind]),
+                              torch.tensor(one["importance"][kind]), rtol=1e-6, atol=0)

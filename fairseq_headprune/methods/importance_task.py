@@ -3,15 +3,18 @@
     fairseq-validate DATA --user-dir user_dir --task head_importance --path ckpt.pt \\
         --valid-subset valid --importance-output importance.json
 
-Each batch's scores travel in fairseq's logging outputs (one ``[layers, heads]`` tensor per
-attention type), so fairseq's own gathering across distributed workers sums them; the JSON file
-is written once, by rank 0, in :meth:`HeadImportanceTask.reduce_metrics`.
+Each worker adds its batches' scores (one ``[layers, heads]`` table per attention type, and the
+number of tokens or sentences they sum over) into running totals on the task; at the end,
+:meth:`HeadImportanceTask.reduce_metrics` all-reduces the totals across the data-parallel
+workers (when there are several) and rank 0 writes the JSON file. The totals do not travel in
+the logging outputs: fairseq-validate gathers those through a fixed 16 KB buffer
+(``--all-gather-list-size``), which per-batch tables of a large model overflow.
 """
 
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 from fairseq import distributed_utils
@@ -19,9 +22,10 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from fairseq_headprune.heads.layout import ATTENTION_TYPES
+from fairseq_headprune.heads.layout import ATTENTION_TYPES, HeadLayout
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.heads.scores import SCORERS, Scores, normalize_by_layer, to_lists
+from fairseq_headprune.heads.scores import (
+    SCORERS, Scores, empty_scores, normalize_by_layer, to_lists)
 from fairseq_headprune.heads.spec import spec_to_json
 from fairseq_headprune.io import write_json
 from fairseq_headprune.methods.michel import COUNT  # importing registers the gradient scorer
@@ -89,6 +93,7 @@ class HeadImportanceTask(TranslationTask):
         super().__init__(cfg, src_dict, tgt_dict)
         self.scorer = SCORERS[str(cfg.importance_scorer)](absolute=str(cfg.importance_abs))
         self.scored_subset = None
+        self.totals: Optional[Dict[str, torch.Tensor]] = None  # this worker's running sums
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
@@ -97,15 +102,45 @@ class HeadImportanceTask(TranslationTask):
 
     def valid_step(self, sample, model, criterion):
         model.eval()
+        if not sample or "net_input" not in sample:  # the filler batch of a shorter shard
+            if self.totals is None:  # every worker all-reduces the same keys, even one
+                layout = HeadLayout.from_model(model)
+                zeros = empty_scores(layout)  # NaN for removed heads, 0 for kept ones
+                for kind, layers in layout.kept.items():
+                    for layer, kept in enumerate(layers):
+                        zeros[kind][layer, kept] = 0.0
+                self.totals = {**scores_to_log(zeros), **{
+                    COUNT + k: torch.zeros((), dtype=torch.float64) for k in zeros}}
+            return torch.zeros(()), 0, {"nsentences": 0, "ntokens": 0, "sample_size": 0}
         scores, loss, sample_size, logging_output = self.scorer.batch_scores(
             model, sample, criterion)
-        logging_output.update(scores_to_log(scores))
+        totals = self.totals if self.totals is not None else {}
+        for key, value in {**scores_to_log(scores), **{
+                k: torch.tensor(float(v), dtype=torch.float64)
+                for k, v in logging_output.items() if k.startswith(COUNT)}}.items():
+            totals[key] = totals[key] + value if key in totals else value.clone()
+        self.totals = totals
+        logging_output = {k: v for k, v in logging_output.items() if not k.startswith(COUNT)}
         return loss, sample_size, logging_output
+
+    def _reduced_totals(self) -> Dict[str, torch.Tensor]:
+        """This worker's totals, summed over every data-parallel worker when there are several."""
+        totals, self.totals = self.totals or {}, None
+        if distributed_utils.get_data_parallel_world_size() > 1:
+            group = distributed_utils.get_data_parallel_group()
+            device = torch.device("cuda") if torch.cuda.is_available() and (
+                torch.distributed.get_backend() == "nccl") else torch.device("cpu")
+            totals = {k: v.cpu() for k, v in distributed_utils.all_reduce_dict(
+                totals, device=device, group=group).items()}
+        return totals
 
     def reduce_metrics(self, logging_outputs, criterion):
         super().reduce_metrics(logging_outputs, criterion)
-        if not any(KEY + k in log for log in logging_outputs for k in ATTENTION_TYPES):
+        if self.totals is None:  # nothing scored (not a head-importance run)
             return
+        totals = self._reduced_totals()
+        logging_outputs = [{k: v for k, v in log.items() if k.startswith("n")}
+                           for log in logging_outputs] + [totals]
         subset = self.scored_subset
         expected = len(self.dataset(subset)) if subset in self.datasets else None
         counted = sum(int(log.get("nsentences", 0)) for log in logging_outputs)
