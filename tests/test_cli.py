@@ -127,6 +127,9 @@ BAD = [
                                  "the model has 2 layers (1-2)."),
     ("prune", "{ckpt}", "A:1:5", "head 5 is out of range for A:1: the model has 4 heads per "
                                  "layer (1-4)."),
+    ("prune", "{ckpt}", "E:1:1-1000000000", "head spec item 'E:1:1-1000000000' names "
+                                            "1000000000, more layers or heads than any model "
+                                            "has (at most 4096)."),
     ("prune", "{missing}", "E:1:1", "checkpoint {missing} does not exist."),
     ("prune", "{truncated}", "E:1:1", "{truncated} is not a readable fairseq checkpoint"),
     ("prune", "{lstm}", "E:1:1", "{lstm} holds a 'lstm' model, not a transformer_headprune "

@@ -145,3 +145,17 @@ def test_too_few_pairs_names_the_packages(tmp_path):
 def test_no_catalogs(tmp_path):
     with pytest.raises(HeadPruneError, match=r"^no \.mo or \.po catalogs for 'de' found under"):
         build_corpus([str(tmp_path)], str(tmp_path / "out"))
+
+
+def test_foreign_files_in_the_output_are_left_alone(tmp_path):
+    cats = tmp_path / "cats"
+    cats.mkdir()
+    synthetic_po(cats / "a.po", 150, ["red", "blue"])
+    out = tmp_path / "out"
+    (out / "bin").mkdir(parents=True)
+    (out / "bin" / "precious.bin").write_text("mine")
+    with pytest.raises(HeadPruneError) as err:
+        build_corpus([str(cats)], str(out), valid_share=0.1, test_share=0.1, vocab_size=200)
+    assert str(err.value) == (f"{out / 'bin'} holds files that 'fairseq-headprune corpus' did "
+                              f"not write: choose another output directory.")
+    assert (out / "bin" / "precious.bin").read_text() == "mine"

@@ -52,3 +52,31 @@ def test_correlate_command(tmp_path):
               check=False)
     assert bad.returncode == 2
     assert bad.stderr.strip().endswith("error: --labels names 1 files, --importance 2.")
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"heads": {"E": {"1": [1]}}, "importance": "imp.json"},
+     "is not an importance JSON written by the head_importance task (ValueError: 'importance' "
+     "must map E, D, A to layers x heads tables)."),
+    ({"importance": {"E": [[0.1, 0.2], [0.3]]}}, "must map E, D, A to layers x heads tables"),
+    ({"importance": {"X": [[0.1]]}}, "must map E, D, A to layers x heads tables"),
+])
+def test_a_file_that_is_not_an_importance_table(content, message, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(content))
+    proc = run(["fairseq-headprune", "choose", "--importance", str(bad), "--amount", "0.3"],
+               check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert message in proc.stderr.strip().splitlines()[-1]
+
+
+def test_choose_refuses_to_write_over_its_importance(tmp_path):
+    imp = tmp_path / "imp.json"
+    imp.write_text(json.dumps({"importance": {"E": [[0.1, 0.2]]}}))
+    before = imp.read_text()
+    proc = run(["fairseq-headprune", "choose", "--importance", str(imp), "--amount", "1", "-o",
+                str(imp)], check=False)
+    assert proc.returncode == 2 and imp.read_text() == before
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"fairseq-headprune choose: error: -o {imp} is the input file {imp}: write to another "
+        f"file, or pass --overwrite-input to replace it.")

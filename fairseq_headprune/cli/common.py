@@ -27,13 +27,25 @@ def refuse_overwrite(args, *inputs: str):
     asks for it): a pruned model written over its source loses the source."""
     from fairseq_headprune.errors import HeadPruneError
 
+    if not getattr(args, "output", None):
+        return
     out = os.path.realpath(args.output)
     for path in inputs:
         if path and os.path.realpath(path) == out and not getattr(args, "overwrite_input", False):
-            raise HeadPruneError(f"-o {args.output} is the input checkpoint {path}: write to "
+            what = "checkpoint" if _is_checkpoint(path) else "file"
+            raise HeadPruneError(f"-o {args.output} is the input {what} {path}: write to "
                                  f"another file, or pass --overwrite-input to replace it.")
 
 
 def add_overwrite_option(parser):
     parser.add_argument("--overwrite-input", action="store_true",
                         help="allow -o to name the input checkpoint (replaced atomically)")
+
+
+def _is_checkpoint(path: str) -> bool:
+    """A torch zip file (what fairseq writes), by its first bytes."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"PK"
+    except OSError:
+        return False

@@ -3,6 +3,8 @@
 import os
 import sys
 
+from fairseq_headprune.cli.common import add_overwrite_option, refuse_overwrite
+
 
 def cmd_importance(args, extra):
     """fairseq-validate with the head_importance task swapped in for the checkpoint's task.
@@ -16,6 +18,7 @@ def cmd_importance(args, extra):
     from fairseq_headprune.errors import HeadPruneError
     from fairseq_headprune.pruning.checkpoint import load_checkpoint, require_headprune
 
+    refuse_overwrite(args, args.path)
     require_headprune(load_checkpoint(args.path), args.path)
     if not os.path.isdir(args.data):
         raise HeadPruneError(f"data directory {args.data} does not exist.")
@@ -42,6 +45,7 @@ def cmd_correlate(args):
     if len(labels) != len(args.importance):
         raise HeadPruneError(f"--labels names {len(labels)} files, --importance "
                              f"{len(args.importance)}.")
+    refuse_overwrite(args, *args.importance)
     tables = [read_importance(p) for p in args.importance]
     rows = [{"label": label, "against": labels[0], "spearman": correlate(tables[0], t)}
             for label, t in zip(labels[1:], tables[1:])]
@@ -60,6 +64,7 @@ def cmd_choose(args):
     from fairseq_headprune.errors import HeadPruneError
     from fairseq_headprune.pruning.selection import choose_heads, choose_to_keep, parse_keep
 
+    refuse_overwrite(args, args.importance)
     scores = read_importance(args.importance)
     if (args.amount is None) == (args.keep_per_type is None):
         raise HeadPruneError("choose needs exactly one of --amount and --keep-per-type.")
@@ -89,6 +94,7 @@ def add_parsers(sub):
     p.add_argument("--normalize", choices=["layer_l2", "none"], default="layer_l2",
                    help="(default: %(default)s)")
     p.add_argument("-o", "--output", required=True, help="importance JSON to write")
+    add_overwrite_option(p)
     p.set_defaults(func=cmd_importance, passthrough=True)
 
     p = sub.add_parser("correlate", help="rank correlation (Spearman, per attention type) of "
@@ -96,6 +102,7 @@ def add_parsers(sub):
     p.add_argument("--importance", nargs="+", required=True, help="importance JSON files")
     p.add_argument("--labels", nargs="+", help="a name per file (default: the paths)")
     p.add_argument("-o", "--output", help="JSON to write the correlations to")
+    add_overwrite_option(p)
     p.set_defaults(func=cmd_correlate)
 
     p = sub.add_parser("choose", help="heads to prune from an importance JSON")
@@ -110,4 +117,5 @@ def add_parsers(sub):
     p.add_argument("--types", default="EDA", help="attention types in scope (default: %(default)s)")
     p.add_argument("--keep-one-per-layer", action="store_true", help="never empty a layer")
     p.add_argument("-o", "--output", help="head spec JSON to write (prune --heads reads it)")
+    add_overwrite_option(p)
     p.set_defaults(func=cmd_choose)

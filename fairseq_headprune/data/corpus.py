@@ -152,6 +152,12 @@ def build_corpus(sources: List[str], out_dir: str, src_lang: str = "en", tgt_lan
             f"catalogs translate from English: one of --src-lang/--tgt-lang must be 'en', "
             f"got {src_lang}-{tgt_lang}.")
     other = tgt_lang if src_lang == "en" else src_lang
+    for d in ("raw", "spm", "bin"):  # never replace files this command did not write
+        path = os.path.join(out_dir, d)
+        if os.path.isdir(path) and os.listdir(path) and not os.path.exists(
+                os.path.join(out_dir, "corpus.json")):
+            raise HeadPruneError(f"{path} holds files that 'fairseq-headprune corpus' did not "
+                                 f"write: choose another output directory.")
     files = catalog_files(sources, other)
     if not files:
         raise HeadPruneError(f"no .mo or .po catalogs for '{other}' found under {', '.join(sources)}.")

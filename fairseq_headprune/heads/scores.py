@@ -68,9 +68,17 @@ def read_importance(path: str) -> Scores:
     """The ``importance`` tables of an importance JSON file, or a one-sentence error."""
     try:
         with open(path, encoding="utf-8") as f:
-            return from_lists(json.load(f)["importance"])
+            tables = json.load(f)["importance"]
+        if not isinstance(tables, dict) or not tables or any(
+                k not in ("E", "D", "A") or not isinstance(rows, list) or not rows
+                or not all(isinstance(r, list) and len(r) == len(rows[0]) for r in rows)
+                for k, rows in tables.items()):
+            raise ValueError("'importance' must map E, D, A to layers x heads tables")
+        return from_lists(tables)
     except FileNotFoundError as err:
         raise HeadPruneError(f"importance file {path} does not exist.") from err
+    except IsADirectoryError as err:
+        raise HeadPruneError(f"importance file {path} is a directory.") from err
     except (ValueError, KeyError, TypeError) as err:
         raise HeadPruneError(f"{path} is not an importance JSON written by the head_importance "
                              f"task ({type(err).__name__}: {err}).") from err

@@ -31,9 +31,19 @@ def _malformed(item: str) -> HeadPruneError:
     )
 
 
+MAX_INDEX = 4096  # above any layer count or heads per module; ranges are checked before expanding
+
+
+def _too_large(item: str, value: int) -> HeadPruneError:
+    return HeadPruneError(f"head spec item '{item}' names {value}, more layers or heads than any "
+                          f"model has (at most {MAX_INDEX}).")
+
+
 def _add(spec: HeadSpec, kind: str, layer: int, head: int, item: str):
     if layer < 1 or head < 1:
         raise _malformed(item)
+    if max(layer, head) > MAX_INDEX:
+        raise _too_large(item, max(layer, head))
     spec.setdefault(kind, {}).setdefault(layer - 1, set()).add(head - 1)
 
 
@@ -50,6 +60,8 @@ def _parse_text(text: str) -> HeadSpec:
             first, _, last = part.partition("-")
             if last and int(last) < int(first):
                 raise _malformed(item)
+            if max(layer, int(last or first)) > MAX_INDEX:
+                raise _too_large(item, max(layer, int(last or first)))
             for head in range(int(first), int(last or first) + 1):
                 _add(spec, kind, layer, head, item)
     return spec
