@@ -114,3 +114,26 @@ def _dead_pid():
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+def test_ctrl_c_is_one_line_and_exit_130(headprune_checkpoint, data_dir, importance_file,
+                                         tmp_path):
+    args, _ = commands(data_dir, headprune_checkpoint, importance_file, str(tmp_path))["sweep"]
+    proc = subprocess.Popen([os.path.join(BIN, "fairseq-headprune"), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not (tmp_path / "results.json").exists() and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == ("fairseq-headprune sweep: interrupted; finished "
+                                            "results are kept, rerun the same command to "
+                                            "resume.")
+
+
+def test_a_clean_run_prints_no_library_warnings(headprune_checkpoint, data_dir, tmp_path):
+    proc = run(["fairseq-headprune", "importance", data_dir, "--path", headprune_checkpoint,
+                "-o", str(tmp_path / "imp.json"), "--cpu"])
+    noise = [line for line in proc.stderr.splitlines() if "Warning" in line]
+    assert noise == []

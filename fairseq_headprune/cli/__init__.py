@@ -8,6 +8,7 @@ choose), :mod:`.evaluation` (sweep, ablate, bench), :mod:`.data` (corpus).
 import argparse
 import logging
 import sys
+import warnings
 
 from fairseq_headprune.cli import checkpoints, data, evaluation, scoring
 from fairseq_headprune.errors import HeadPruneError
@@ -27,7 +28,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Deprecation notices raised inside fairseq, Hydra and torch by the calls this command makes;
+# nothing a user can act on (fairseq-train and the other fairseq commands keep theirs).
+QUIET = (r"The version_base parameter is not specified", r"hydra.experimental", r"In 'config': Usage of deprecated",
+         r"'config' is validated against ConfigStore", r"The strict flag in the compose API",
+         r"`torch.cuda.amp.autocast\(args...\)` is deprecated", r".*pin_memory",
+         r"`torch.jit.script` is deprecated", r"Support for mismatched key_padding_mask",
+         r"Please install tensorboardX")
+
+
+def quiet_warnings():
+    for message in QUIET:
+        warnings.filterwarnings("ignore", message=r"\s*" + message)
+
+
 def main(argv=None):
+    quiet_warnings()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "passthrough", False):
@@ -44,6 +60,9 @@ def main(argv=None):
             args.func(args)
     except HeadPruneError as err:
         parser.exit(2, f"fairseq-headprune {args.command}: error: {err}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"fairseq-headprune {args.command}: interrupted; finished results are "
+                         f"kept, rerun the same command to resume.\n")
 
 
 if __name__ == "__main__":
