@@ -2,6 +2,7 @@
 
 import contextlib
 import glob
+import hashlib
 import json
 import os
 import tempfile
@@ -56,10 +57,33 @@ def load_rows(path: str, config: dict, what: str) -> list:
         return []
     with open(path, encoding="utf-8") as f:
         saved = json.load(f)
-    if saved.get("config") != config:
-        raise HeadPruneError(f"{path} holds {what} with other settings; use another --output-dir "
-                             f"or delete it.")
+    old = saved.get("config") or {}
+    if old != config:
+        changed = [k for k in config if old.get(k) != config[k]] + [
+            k for k in old if k not in config]
+        raise HeadPruneError(f"{path} holds {what} with other settings ({', '.join(changed)} "
+                             f"changed); use another --output-dir or delete it.")
     return saved["rows"]
+
+
+def sha256_file(path: str) -> str:
+    """The sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def data_fingerprint(data: str, subset: str) -> str:
+    """One sha256 over a fairseq data-bin's dictionaries and the files of one split, so that a
+    resumed run notices another DATA (or a rebuilt one) behind the same path."""
+    digest = hashlib.sha256()
+    names = sorted(n for n in os.listdir(data)
+                   if n.startswith(subset + ".") or (n.startswith("dict.") and n.endswith(".txt")))
+    for name in names:
+        digest.update(name.encode() + b"\0" + sha256_file(os.path.join(data, name)).encode())
+    return digest.hexdigest()
 
 
 def write_json(path: str, data):

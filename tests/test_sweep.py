@@ -93,3 +93,24 @@ def test_missing_importance_file(headprune_checkpoint, data_dir, tmp_path):
         f"fairseq-headprune sweep: error: importance file {tmp_path / 'none.json'} does not "
         f"exist.")
     assert not (tmp_path / "out").exists()
+
+
+def test_resume_checks_inputs_and_finishes_promised_checkpoints(
+        headprune_checkpoint, data_dir, importance, tmp_path):
+    import shutil
+
+    ckpt = str(tmp_path / "model.pt")
+    shutil.copy(headprune_checkpoint, ckpt)
+    out = str(tmp_path / "sweep")
+    kwargs = dict(levels=[0.0, 0.5], curves=["all"], max_sentences=4)
+    sweep.run_sweep(data_dir, ckpt, importance, out, **kwargs)
+    # --save-levels added on a rerun: the finished rows get their checkpoint, no new decode
+    sweep.run_sweep(data_dir, ckpt, importance, out, save_levels=[0.5], **kwargs)
+    assert (tmp_path / "sweep" / "pruned_50.pt").stat().st_size > 0
+    with open(ckpt, "ab") as f:  # the checkpoint behind the same path changed
+        f.write(b"\0")
+    with pytest.raises(HeadPruneError) as err:
+        sweep.run_sweep(data_dir, ckpt, importance, out, **kwargs)
+    assert str(err.value) == (f"{out}/results.json holds a sweep with other settings "
+                              f"(checkpoint_sha256 changed); use another --output-dir or "
+                              f"delete it.")

@@ -25,7 +25,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import polib
 
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.io import write_json, write_text
+from fairseq_headprune.io import sha256_file, write_json, write_text
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ def build_corpus(sources: List[str], out_dir: str, src_lang: str = "en", tgt_lan
         raise HeadPruneError(f"fairseq-preprocess failed: {proc.stderr.strip().splitlines()[-1]}")
     sizes = {split: len(rows) for split, rows in splits.items()}
     manifest = {
-        "catalogs": [{"path": path, "sha256": sha256(path), "pairs": read.get(path, 0)}
+        "catalogs": [{"path": path, "sha256": sha256_file(path), "pairs": read.get(path, 0)}
                      for path in files],
         "filters": {"max_words": MAX_WORDS, "min_letter_share": MIN_LETTER_SHARE,
                     "min_words": 2, "untranslated": "dropped", "duplicates":
@@ -212,7 +212,7 @@ def build_corpus(sources: List[str], out_dir: str, src_lang: str = "en", tgt_lan
                     "split": "sha1 of the source sentence", "sentencepiece_vocab": vocab},
         # spm.model and preprocess.log embed the output paths; spm.vocab and the encoded text
         # stand for them, so two machines with the same catalogs get the same hashes
-        "outputs": {os.path.relpath(path, out_dir): sha256(path)
+        "outputs": {os.path.relpath(path, out_dir): sha256_file(path)
                     for d in (raw, pieces, binary) for path in sorted(glob.glob(
                         os.path.join(d, "*")))
                     if os.path.basename(path) not in ("spm.model", "preprocess.log")},
@@ -221,13 +221,6 @@ def build_corpus(sources: List[str], out_dir: str, src_lang: str = "en", tgt_lan
     write_json(os.path.join(out_dir, "corpus.json"), {
         "pair": f"{src_lang}-{tgt_lang}", "catalogs": len(files), "pairs": sizes,
         "sentencepiece_vocab": vocab, "sources": sources,
-        "manifest_sha256": sha256(os.path.join(out_dir, "manifest.json"))})
+        "manifest_sha256": sha256_file(os.path.join(out_dir, "manifest.json"))})
     return sizes
 
-
-def sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -17,7 +17,7 @@ from fairseq_headprune.evaluation.decode import load_model, translate
 from fairseq_headprune.heads.layout import HeadLayout
 from fairseq_headprune.heads.scores import read_importance
 from fairseq_headprune.heads.spec import HeadSpec, format_head_spec
-from fairseq_headprune.io import load_rows, write_json
+from fairseq_headprune.io import data_fingerprint, load_rows, sha256_file, write_json
 from fairseq_headprune.pruning.masking import pruned_copy
 
 MODES = ("single", "best-per-layer")
@@ -50,12 +50,16 @@ def run_ablation(data: str, path: str, output_dir: str, mode: str = "single",
                  subset: str = "test", beam: int = 5, max_tokens: int = 4000,
                  max_sentences: Optional[int] = None, device: str = "cpu") -> Dict:
     """Decode the unpruned model and every ablation; BLEU and its difference per row."""
-    config = {"checkpoint": os.path.abspath(path), "mode": mode, "types": "".join(types),
-              "importance": importance and os.path.abspath(importance), "subset": subset,
+    base, task = load_model(path, data, device)
+    config = {"checkpoint": os.path.abspath(path), "checkpoint_sha256": sha256_file(path),
+              "data": os.path.abspath(data), "data_sha256": data_fingerprint(data, subset),
+              "mode": mode, "types": "".join(types),
+              "importance": importance and os.path.abspath(importance),
+              "importance_sha256": importance and os.path.isfile(importance)
+              and sha256_file(importance), "subset": subset,
               "beam": beam, "max_sentences": max_sentences}
     results_path = os.path.join(output_dir, "ablation.json")
     rows = load_rows(results_path, config, "an ablation")
-    base, task = load_model(path, data, device)
     specs = [{}] + ablation_specs(HeadLayout.from_model(base), mode, types, importance)
     done = {r["spec"] for r in rows}
     for spec in tqdm(specs, desc=f"ablate {mode}", unit="run", initial=len(done)):

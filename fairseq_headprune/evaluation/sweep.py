@@ -20,7 +20,7 @@ from fairseq_headprune.evaluation.decode import batches, load_model, translate
 from fairseq_headprune.heads.layout import HeadLayout
 from fairseq_headprune.heads.scores import from_lists, read_importance
 from fairseq_headprune.heads.spec import format_head_spec, spec_from_json, spec_to_json
-from fairseq_headprune.io import load_rows, write_json, write_text
+from fairseq_headprune.io import data_fingerprint, load_rows, sha256_file, write_json, write_text
 from fairseq_headprune.methods.importance_task import reduce_importance, scores_to_log
 from fairseq_headprune.methods.michel import COUNT, GradientImportance
 from fairseq_headprune.pruning.masking import pruned_copy
@@ -66,13 +66,16 @@ def run_sweep(data: str, path: str, importance: str, output_dir: str,
         if curve not in CURVES:
             raise HeadPruneError(f"unknown curve '{curve}': expected one of {', '.join(CURVES)}.")
     scores = read_importance(importance)
-    config = {"checkpoint": os.path.abspath(path), "importance": os.path.abspath(importance),
+    base, task = load_model(path, data, device)
+    config = {"checkpoint": os.path.abspath(path), "checkpoint_sha256": sha256_file(path),
+              "importance": os.path.abspath(importance),
+              "importance_sha256": sha256_file(importance), "data": os.path.abspath(data),
+              "data_sha256": data_fingerprint(data, subset),
               "levels": list(levels), "curves": list(curves), "subset": subset, "beam": beam,
               "max_sentences": max_sentences, "keep_one_per_layer": keep_one_per_layer,
               "iterative": iterative}
     results_path = os.path.join(output_dir, "results.json")
     rows = load_rows(results_path, config, "a sweep")
-    base, task = load_model(path, data, device)
     layout = HeadLayout.from_model(base)
     criterion = None
     if iterative:
@@ -82,6 +85,12 @@ def run_sweep(data: str, path: str, importance: str, output_dir: str,
         criterion = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False,
                                                        label_smoothing=0.0)
     by_spec = {r["spec"]: r for r in rows}  # level 0 of every curve is one decode
+
+    def save(curve, level, spec):
+        out = os.path.join(output_dir, f"pruned_{round(level * 100)}.pt")
+        if curve == "all" and level in save_levels and not os.path.exists(out):
+            prune_checkpoint(path, spec, out)
+
     with tqdm(total=len(curves) * len(levels), initial=len(rows), desc="sweep",
               unit="level") as bar:
         for curve in curves:
@@ -90,6 +99,7 @@ def run_sweep(data: str, path: str, importance: str, output_dir: str,
                 row = next((r for r in rows if (r["curve"], r["level"]) == (curve, level)), None)
                 if row is not None:  # resumed: only the heads matter for the next level
                     pruned, current = spec_from_json(row["heads"]), None
+                    save(curve, level, pruned)  # a row is finished with its checkpoint
                     continue
                 if iterative and curve == "all" and pruned:
                     if current is None:
@@ -120,9 +130,7 @@ def run_sweep(data: str, path: str, importance: str, output_dir: str,
                 rows.append(row)
                 by_spec.setdefault(text, row)
                 write_json(results_path, {"config": config, "rows": rows})
-                if curve == "all" and level in save_levels:
-                    prune_checkpoint(path, spec, os.path.join(
-                        output_dir, f"pruned_{round(level * 100)}.pt"))
+                save(curve, level, spec)
                 pruned, current = spec, model
                 bar.update(1)
                 bar.set_postfix(curve=curve, level=level, bleu=round(bleu, 2))
