@@ -1,6 +1,7 @@
 """Subcommands that read and write checkpoints: ``convert``, ``prune``, ``fold``, ``inspect``."""
 
-from fairseq_headprune.cli.common import add_overwrite_option, file_size, refuse_overwrite
+from fairseq_headprune.cli.common import (
+    add_overwrite_option, count, file_size, refuse_overwrite)
 
 
 def print_parameters(report):
@@ -103,7 +104,7 @@ def add_parsers(sub):
     p.add_argument("--from-gates", metavar="GATED",
                    help="instead of --path/--heads: a checkpoint with learned gates; its closed "
                         "heads are removed and open gate values folded (the same as 'fold')")
-    p.add_argument("--keep-heads", type=int, metavar="K",
+    p.add_argument("--keep-heads", type=count, metavar="K",
                    help="with --from-gates: keep only the K largest evaluation gates")
     p.add_argument("-o", "--output", required=True, help="pruned checkpoint to write")
     add_overwrite_option(p)
@@ -112,7 +113,7 @@ def add_parsers(sub):
     p = sub.add_parser("fold", help="gated checkpoint -> plain pruned checkpoint: remove heads "
                                     "whose gate is 0, fold the other gate values into out_proj")
     p.add_argument("--path", required=True, help="transformer_headprune checkpoint with gates")
-    p.add_argument("--keep-heads", type=int, metavar="K",
+    p.add_argument("--keep-heads", type=count, metavar="K",
                    help="keep only the K largest evaluation gates of all gated modules (the DSP "
                         "fork's --num-of-heads); default: every head whose gate is not 0")
     p.add_argument("-o", "--output", required=True, help="pruned checkpoint to write")

@@ -1,15 +1,58 @@
 """Small helpers shared by the subcommand modules: list options, the default device, and the
 guard that keeps a command from writing over its own input."""
 
+import argparse
+import math
 import os
 
 
-def floats(text):
-    return [float(x) for x in text.split(",") if x]
+def _number(text, cast, what):
+    try:
+        value = cast(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got '{text}'") from None
+    return value
 
 
-def ints(text):
-    return [int(x) for x in text.split(",") if x]
+def _checked(cast, ok, what):
+    """An argparse ``type=``: ``cast`` the text and keep it only where ``ok``; else one sentence."""
+    def parse(text):
+        value = _number(text, cast, what)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got '{text}'")
+        return value
+    parse.__name__ = what
+    return parse
+
+
+def _list_of(item):
+    def parse(text):
+        values = [item(x) for x in text.split(",") if x.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"needs at least one value, got '{text}'")
+        return values
+    return parse
+
+
+count = _checked(int, lambda v: v >= 1, "a whole number >= 1")
+count0 = _checked(int, lambda v: v >= 0, "a whole number >= 0")
+fraction = _checked(float, lambda v: math.isfinite(v) and 0 <= v < 1, "a fraction in [0, 1)")
+share = _checked(float, lambda v: math.isfinite(v) and 0 < v < 0.5, "a share in (0, 0.5)")
+amount = _checked(float, lambda v: math.isfinite(v) and v > 0,
+                  "a fraction (< 1) or a count (>= 1) of heads, above 0")
+floats = _list_of(fraction)  # e.g. --levels 0,0.1,0.5
+ints = _list_of(count)  # e.g. --batch-sizes 1,64
+
+
+def types_arg(text):
+    """``EDA``-style attention types: known letters, each once, in E, D, A order."""
+    letters = [c for c in text if c not in ", "]
+    bad = [c for c in letters if c not in "EDA"]
+    if bad or not letters:
+        raise argparse.ArgumentTypeError(
+            f"must be letters among E (encoder self), D (decoder self), A (encoder-decoder), "
+            f"got '{text}'")
+    return "".join(k for k in "EDA" if k in letters)
 
 
 def file_size(path: str) -> str:

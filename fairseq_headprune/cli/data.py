@@ -1,5 +1,7 @@
 """Subcommand ``corpus``: build the embedded parallel corpus from gettext catalogs."""
 
+from fairseq_headprune.cli.common import count, share
+
 
 def cmd_corpus(args):
     from fairseq_headprune.data.corpus import build_corpus
@@ -17,10 +19,10 @@ def add_parsers(sub):
                    help="locale roots, folders or .mo/.po files (default: %(default)s)")
     p.add_argument("--src-lang", default="en", help="(default: %(default)s)")
     p.add_argument("--tgt-lang", default="de", help="(default: %(default)s)")
-    p.add_argument("--valid-share", type=float, default=0.03, help="(default: %(default)s)")
-    p.add_argument("--test-share", type=float, default=0.03, help="(default: %(default)s)")
-    p.add_argument("--vocab-size", type=int, default=8000,
+    p.add_argument("--valid-share", type=share, default=0.03, help="(default: %(default)s)")
+    p.add_argument("--test-share", type=share, default=0.03, help="(default: %(default)s)")
+    p.add_argument("--vocab-size", type=count, default=8000,
                    help="joint sentencepiece vocabulary (default: %(default)s)")
-    p.add_argument("--workers", type=int, default=2, help="(default: %(default)s)")
+    p.add_argument("--workers", type=count, default=2, help="(default: %(default)s)")
     p.add_argument("-o", "--output-dir", required=True, help="where raw/, spm/, bin/ go")
     p.set_defaults(func=cmd_corpus)

@@ -2,7 +2,7 @@
 
 import os
 
-from fairseq_headprune.cli.common import default_device, floats, ints
+from fairseq_headprune.cli.common import count, count0, default_device, floats, ints, types_arg
 
 
 def cmd_sweep(args):
@@ -63,9 +63,9 @@ def cmd_ablate(args):
 def add_decoding_options(p, device: str):
     """The options of every subcommand that decodes a subset with beam search."""
     p.add_argument("--subset", default="test", help="(default: %(default)s)")
-    p.add_argument("--beam", type=int, default=5, help="(default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=4000, help="(default: %(default)s)")
-    p.add_argument("--max-sentences", type=int, help="decode only the first N sentences")
+    p.add_argument("--beam", type=count, default=5, help="(default: %(default)s)")
+    p.add_argument("--max-tokens", type=count, default=4000, help="(default: %(default)s)")
+    p.add_argument("--max-sentences", type=count, help="decode only the first N sentences")
     p.add_argument("--device", default=device, help="(default: %(default)s)")
 
 
@@ -81,17 +81,13 @@ def add_parsers(sub):
                    help="fractions pruned (default: 0,0.1,...,0.9)")
     p.add_argument("--curves", nargs="+", default=["all", "E", "D", "A"],
                    help="all types together and/or one type alone (default: %(default)s)")
-    p.add_argument("--subset", default="test", help="(default: %(default)s)")
-    p.add_argument("--beam", type=int, default=5, help="(default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=4000, help="(default: %(default)s)")
-    p.add_argument("--max-sentences", type=int, help="decode only the first N sentences")
+    add_decoding_options(p, device)
     p.add_argument("--keep-one-per-layer", action="store_true", help="never empty a layer")
     p.add_argument("--iterative", action="store_true",
                    help="re-score the pruned model before each level (curve 'all')")
     p.add_argument("--rescore-subset", default="valid", help="(default: %(default)s)")
     p.add_argument("--save-levels", type=floats, default=[],
                    help="levels whose pruned checkpoint to write, e.g. 0.5")
-    p.add_argument("--device", default=device, help="(default: %(default)s)")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("ablate", help="Michel et al.'s ablations: remove one head at a time "
@@ -100,7 +96,8 @@ def add_parsers(sub):
     p.add_argument("--path", required=True, help="transformer_headprune checkpoint")
     p.add_argument("--mode", choices=["single", "best-per-layer"], default="single",
                    help="(default: %(default)s)")
-    p.add_argument("--types", default="EDA", help="attention types (default: %(default)s)")
+    p.add_argument("--types", type=types_arg, default="EDA",
+                   help="attention types (default: %(default)s)")
     p.add_argument("--importance", help="importance JSON (best-per-layer ranks heads by it)")
     p.add_argument("-o", "--output-dir", required=True, help="results folder (resumable)")
     add_decoding_options(p, device)
@@ -119,12 +116,12 @@ def add_parsers(sub):
     p.add_argument("--path", required=True, help="unpruned checkpoint")
     p.add_argument("--pruned", required=True, help="pruned checkpoint")
     p.add_argument("--subset", default="test", help="(default: %(default)s)")
-    p.add_argument("--beam", type=int, default=5, help="(default: %(default)s)")
+    p.add_argument("--beam", type=count, default=5, help="(default: %(default)s)")
     p.add_argument("--batch-sizes", type=ints, default=[1, 64], help="(default: 1,64)")
-    p.add_argument("--max-sentences", type=int, default=200, help="(default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--max-sentences", type=count, default=200, help="(default: %(default)s)")
+    p.add_argument("--repeats", type=count, default=1,
                    help="alternating rounds; the fastest counts (default: %(default)s)")
-    p.add_argument("--fixed-length", type=int, default=0,
+    p.add_argument("--fixed-length", type=count0, default=0,
                    help="force every hypothesis to this many tokens so both models decode the "
                         "same steps; 0: the mean reference length (default: %(default)s)")
     p.add_argument("--free-length", action="store_true",

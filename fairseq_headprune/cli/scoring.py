@@ -3,7 +3,8 @@
 import os
 import sys
 
-from fairseq_headprune.cli.common import add_overwrite_option, refuse_overwrite
+from fairseq_headprune.cli.common import (
+    add_overwrite_option, amount, refuse_overwrite, types_arg)
 
 
 def cmd_importance(args, extra):
@@ -107,14 +108,15 @@ def add_parsers(sub):
 
     p = sub.add_parser("choose", help="heads to prune from an importance JSON")
     p.add_argument("--importance", required=True, help="importance JSON")
-    p.add_argument("--amount", type=float,
+    p.add_argument("--amount", type=amount,
                    help="fraction (<1) or count (>=1) of heads to have removed")
     p.add_argument("--keep-per-type", metavar="E:N,D:N,A:N",
                    help="instead of --amount: keep exactly N heads of each type named, the most "
                         "important within the type (e.g. another method's head counts)")
     p.add_argument("--scope", choices=["global", "type", "layer"], default="global",
                    help="rank all heads together, per type or per layer (default: %(default)s)")
-    p.add_argument("--types", default="EDA", help="attention types in scope (default: %(default)s)")
+    p.add_argument("--types", type=types_arg, default="EDA",
+                   help="attention types in scope (default: %(default)s)")
     p.add_argument("--keep-one-per-layer", action="store_true", help="never empty a layer")
     p.add_argument("-o", "--output", help="head spec JSON to write (prune --heads reads it)")
     add_overwrite_option(p)

@@ -1,0 +1,69 @@
+"""Bad numbers, letters and names on every subcommand: one line naming the value and what was
+expected, exit 2, no traceback, nothing written. Checkpoint, spec and file errors are in
+test_cli.py's table; together the two tables must cover every subcommand."""
+
+import os
+
+import pytest
+from conftest import run
+from test_cli import BAD as CHECKPOINT_CASES
+
+from fairseq_headprune.cli import build_parser
+
+CASES = [
+    ("choose", ["--importance", "x.json", "--amount", "nan"], "--amount",
+     "a fraction (< 1) or a count (>= 1) of heads, above 0, got 'nan'"),
+    ("choose", ["--importance", "x.json", "--amount", "0"], "--amount",
+     "a fraction (< 1) or a count (>= 1) of heads, above 0, got '0'"),
+    ("choose", ["--importance", "x.json", "--amount", "-2"], "--amount",
+     "a fraction (< 1) or a count (>= 1) of heads, above 0, got '-2'"),
+    ("choose", ["--importance", "x.json", "--amount", "0.3", "--types", "XYZ"], "--types",
+     "letters among E (encoder self), D (decoder self), A (encoder-decoder), got 'XYZ'"),
+    ("sweep", ["d", "--path", "m.pt", "--importance", "x.json", "-o", "out", "--levels",
+               "0,1.5"], "--levels", "a fraction in [0, 1), got '1.5'"),
+    ("sweep", ["d", "--path", "m.pt", "--importance", "x.json", "-o", "out", "--levels", "nan"],
+     "--levels", "a fraction in [0, 1), got 'nan'"),
+    ("sweep", ["d", "--path", "m.pt", "--importance", "x.json", "-o", "out", "--beam", "0"],
+     "--beam", "a whole number >= 1, got '0'"),
+    ("ablate", ["d", "--path", "m.pt", "-o", "out", "--max-sentences", "-1"],
+     "--max-sentences", "a whole number >= 1, got '-1'"),
+    ("ablate", ["d", "--path", "m.pt", "-o", "out", "--types", "EQ"], "--types",
+     "letters among E (encoder self), D (decoder self), A (encoder-decoder), got 'EQ'"),
+    ("evaluate", ["d", "--paths", "m.pt", "-o", "out.json", "--beam", "x"], "--beam",
+     "a whole number >= 1, got 'x'"),
+    ("bench", ["d", "--path", "m.pt", "--pruned", "p.pt", "--batch-sizes", "0"],
+     "--batch-sizes", "a whole number >= 1, got '0'"),
+    ("bench", ["d", "--path", "m.pt", "--pruned", "p.pt", "--repeats", "0"], "--repeats",
+     "a whole number >= 1, got '0'"),
+    ("bench", ["d", "--path", "m.pt", "--pruned", "p.pt", "--fixed-length", "-1"],
+     "--fixed-length", "a whole number >= 0, got '-1'"),
+    ("corpus", ["-o", "out", "--vocab-size", "0"], "--vocab-size",
+     "a whole number >= 1, got '0'"),
+    ("corpus", ["-o", "out", "--valid-share", "0.7"], "--valid-share",
+     "a share in (0, 0.5), got '0.7'"),
+    ("fold", ["--path", "g.pt", "-o", "out.pt", "--keep-heads", "0"], "--keep-heads",
+     "a whole number >= 1, got '0'"),
+    ("prune", ["--from-gates", "g.pt", "-o", "out.pt", "--keep-heads", "-1"], "--keep-heads",
+     "a whole number >= 1, got '-1'"),
+    ("importance", ["d", "--path", "m.pt", "-o", "out.json", "--abs", "head"], "--abs",
+     "invalid choice: 'head' (choose from 'token', 'sentence', 'batch')"),
+    ("correlate", ["--importance"], "--importance", "expected at least one argument"),
+]
+
+
+@pytest.mark.parametrize("command, args, option, message", CASES)
+def test_bad_values_are_one_sentence(command, args, option, message, tmp_path):
+    proc = run(["fairseq-headprune", command, *args], check=False, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"fairseq-headprune {command}: error: argument {option}: "
+        + ("must be " if "must" not in message and not message.startswith(("invalid",
+                                                                            "expected"))
+           else "") + message)
+    assert os.listdir(tmp_path) == []
+
+
+def test_every_subcommand_has_bad_input_cases():
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    covered = {c[0] for c in CASES} | {c[0] for c in CHECKPOINT_CASES}
+    assert set(sub.choices) - covered == set()
