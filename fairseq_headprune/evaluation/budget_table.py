@@ -9,13 +9,11 @@ that ``scripts/update_readme.py`` puts in the README (:func:`markdown`).
     python -m fairseq_headprune.evaluation.budget_table eval.json runs.tsv -o OUT
 """
 
-import argparse
 import json
-import os
 from typing import Dict, List
 
-from fairseq_headprune.evaluation.head_table import join_rows, write_csv
-from fairseq_headprune.io import atomic_path, write_json
+from fairseq_headprune.evaluation.head_table import join_rows, table_main
+from fairseq_headprune.io import atomic_path
 
 # DSP's own tables could not be read (METHODS_NOTES.md 3.9); the IWSLT14 de-en numbers available
 # are Ni et al. (2023)'s re-runs at 30M parameters (their Table 2, METHODS_NOTES.md 4.7).
@@ -100,24 +98,8 @@ def markdown(path: str) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("evaluated", help="rows JSON of 'fairseq-headprune evaluate'")
-    parser.add_argument("manifest", help="TSV: label, method, percent of heads kept, setting")
-    parser.add_argument("-o", "--output-dir", required=True, help="where dsp.* go")
-    opts = parser.parse_args()
-    with open(opts.evaluated, encoding="utf-8") as f:
-        evaluated = json.load(f)
-    with open(opts.manifest, encoding="utf-8") as f:
-        manifest = [line.rstrip("\n").split("\t") for line in f if line.strip()]
-    rows = build_rows(evaluated["rows"], manifest)
-    os.makedirs(opts.output_dir, exist_ok=True)
-    write_json(os.path.join(opts.output_dir, "dsp.json"),
-               {"config": evaluated["config"], "rows": rows, "paper": PAPER,
-                "paper_source": SOURCE})
-    write_csv(os.path.join(opts.output_dir, "dsp.csv"), rows, ("kept_percent", "setting"))
-    plot(os.path.join(opts.output_dir, "dsp.png"), rows)
-    print(markdown(os.path.join(opts.output_dir, "dsp.json")))
+    table_main(__doc__, "dsp", ("kept_percent", "setting"), build_rows, plot, markdown, PAPER,
+               SOURCE)
 
 
 if __name__ == "__main__":

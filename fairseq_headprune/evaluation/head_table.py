@@ -129,25 +129,31 @@ def markdown(path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__,
+def table_main(doc: str, name: str, columns, build, plot_fn, markdown_fn, paper, source):
+    """The command line of a result table: evaluate rows + manifest -> ``NAME.json``,
+    ``NAME.csv`` (manifest ``columns``), ``NAME.png``, and the Markdown printed."""
+    parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("evaluated", help="rows JSON of 'fairseq-headprune evaluate'")
-    parser.add_argument("manifest", help="TSV: label, method, gated types, setting")
-    parser.add_argument("-o", "--output-dir", required=True, help="where voita.* go")
+    parser.add_argument("manifest", help="TSV: label, method, " + ", ".join(columns))
+    parser.add_argument("-o", "--output-dir", required=True, help=f"where {name}.* go")
     opts = parser.parse_args()
     with open(opts.evaluated, encoding="utf-8") as f:
         evaluated = json.load(f)
     with open(opts.manifest, encoding="utf-8") as f:
         manifest = [line.rstrip("\n").split("\t") for line in f if line.strip()]
-    rows = build_rows(evaluated["rows"], manifest)
+    rows = build(evaluated["rows"], manifest)
+    out = os.path.join(opts.output_dir, name)
     os.makedirs(opts.output_dir, exist_ok=True)
-    write_json(os.path.join(opts.output_dir, "voita.json"),
-               {"config": evaluated["config"], "rows": rows, "paper": PAPER,
-                "paper_source": SOURCE})
-    write_csv(os.path.join(opts.output_dir, "voita.csv"), rows)
-    plot(os.path.join(opts.output_dir, "voita.png"), rows)
-    print(markdown(os.path.join(opts.output_dir, "voita.json")))
+    write_json(out + ".json", {"config": evaluated["config"], "rows": rows, "paper": paper,
+                               "paper_source": source})
+    write_csv(out + ".csv", rows, tuple(columns))
+    plot_fn(out + ".png", rows)
+    print(markdown_fn(out + ".json"))
+
+
+def main():
+    table_main(__doc__, "voita", ("types", "setting"), build_rows, plot, markdown, PAPER, SOURCE)
 
 
 if __name__ == "__main__":

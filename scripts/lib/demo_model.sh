@@ -29,3 +29,17 @@ demo_model_args() {
               --clip-norm 1.0 --label-smoothing 0.1 --max-tokens 4096 --seed 1
               --log-format simple --log-interval 50)
 }
+
+# A reproduction's start: device and model options of $SIZE, and the inputs scripts/demo.sh left
+# in $DEMO (BIN, MODEL, IMPORTANCE; exit 2 naming a missing one); makes $OUT/runs and $OUT/pruned.
+demo_inputs() {
+  detect_device
+  demo_model_args "$SIZE"
+  BIN="$DEMO/corpus/bin"
+  MODEL="$DEMO/model/checkpoint_best.pt"
+  IMPORTANCE="$DEMO/importance.json"
+  for f in "$MODEL" "$IMPORTANCE" "$BIN/dict.en.txt"; do
+    [ -f "$f" ] || { echo "missing $f: run scripts/demo.sh first" >&2; exit 2; }
+  done
+  mkdir -p "$OUT/runs" "$OUT/pruned"
+}

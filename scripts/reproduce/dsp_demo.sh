@@ -34,15 +34,7 @@ GATE_LR="${GATE_LR:-0.02}"                # --head-gates-lr of the Voita run (as
 SENTENCES="${SENTENCES:-400}"             # test sentences decoded per model
 PY="${PY:-python}"
 . scripts/lib/demo_model.sh
-detect_device
-demo_model_args "$SIZE"
-BIN="$DEMO/corpus/bin"
-MODEL="$DEMO/model/checkpoint_best.pt"
-IMPORTANCE="$DEMO/importance.json"
-for f in "$MODEL" "$IMPORTANCE" "$BIN/dict.en.txt"; do
-  [ -f "$f" ] || { echo "missing $f: run scripts/demo.sh first" >&2; exit 2; }
-done
-mkdir -p "$OUT/runs" "$OUT/pruned"
+demo_inputs
 MANIFEST="$OUT/runs.tsv"                  # label, method, percent kept, setting: the table's rows
 : > "$MANIFEST.new"
 TOTAL=$("$PY" -c 'import sys; from fairseq_headprune.pruning.checkpoint import checkpoint_layout, load_checkpoint; print(checkpoint_layout(load_checkpoint(sys.argv[1])).count())' "$MODEL" 2>/dev/null)

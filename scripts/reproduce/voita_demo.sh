@@ -26,15 +26,7 @@ GATE_LR="${GATE_LR:-0.02}"                # --head-gates-lr: gates learn faster 
 SENTENCES="${SENTENCES:-400}"             # test sentences decoded per model
 PY="${PY:-python}"
 . scripts/lib/demo_model.sh
-detect_device
-demo_model_args "$SIZE"
-BIN="$DEMO/corpus/bin"
-MODEL="$DEMO/model/checkpoint_best.pt"
-IMPORTANCE="$DEMO/importance.json"
-for f in "$MODEL" "$IMPORTANCE" "$BIN/dict.en.txt"; do
-  [ -f "$f" ] || { echo "missing $f: run scripts/demo.sh first" >&2; exit 2; }
-done
-mkdir -p "$OUT/runs" "$OUT/pruned"
+demo_inputs
 MANIFEST="$OUT/runs.tsv"                  # label, method, types, setting: the table's rows
 : > "$MANIFEST.new"
 
