@@ -70,3 +70,14 @@ def test_quick_demo_and_reproductions(tmp_path):
     again = sh("scripts/reproduce/dsp_demo.sh", DEMO=demo)  # resumes: nothing trained again
     assert [os.stat(p).st_mtime_ns for p in runs] == stamps and len(runs) == 6
     assert "| DSP joint |" in again
+
+    modes = sh("scripts/reproduce/importance_modes.sh", DEMO=demo)
+    with open(os.path.join(demo, "importance_modes", "correlate.json")) as f:
+        rows = json.load(f)["rows"]
+    assert [(r["label"], r["against"]) for r in rows] == [("sentence", "token"),
+                                                         ("batch", "token")]
+    assert all(set(r["spearman"]) == {"E", "D", "A", "all"} for r in rows)
+    assert "sentence vs token: Spearman E " in modes
+    for mode in ("token", "sentence", "batch"):
+        with open(os.path.join(demo, "importance_modes", f"{mode}.json")) as f:
+            assert json.load(f)["absolute"] == mode
