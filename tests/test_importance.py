@@ -15,6 +15,7 @@ from conftest import USER_DIR, load, run
 from fairseq_headprune.heads.layout import attention_modules
 from fairseq_headprune.heads.scores import normalize_by_layer
 from fairseq_headprune.heads.spec import parse_head_spec
+from fairseq_headprune.io import data_fingerprint
 from fairseq_headprune.methods.importance_task import KEY, reduce_importance
 from fairseq_headprune.methods.michel import GradientImportance
 from fairseq_headprune.pruning.masking import remove_heads_from_model
@@ -221,6 +222,7 @@ def test_the_data_named_is_scored_whole(headprune_checkpoint, other_data, tmp_pa
     result = json.loads(out.read_text())
     assert result["sentences"] == 10 and result["subset"] == "valid"
     assert result["data"] == os.path.abspath(other_data)
+    assert result["data_sha256"] == data_fingerprint(other_data, "valid")
 
 
 def test_fairseq_validate_route_scores_data_and_refuses_dropped_sentences(

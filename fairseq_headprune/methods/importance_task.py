@@ -27,7 +27,7 @@ from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.heads.scores import (
     SCORERS, Scores, empty_scores, normalize_by_layer, to_lists)
 from fairseq_headprune.heads.spec import spec_to_json
-from fairseq_headprune.io import write_json
+from fairseq_headprune.io import data_fingerprint, write_json
 from fairseq_headprune.methods.michel import COUNT  # importing registers the gradient scorer
 
 logger = logging.getLogger(__name__)
@@ -152,6 +152,7 @@ class HeadImportanceTask(TranslationTask):
                 f"positions); nothing was written.")
         result = {"method": "Michel et al. 2019, gradient importance",
                   "data": os.path.abspath(str(self.cfg.data)), "subset": subset,
+                  "data_sha256": data_fingerprint(str(self.cfg.data), subset),
                   "scorer": str(self.cfg.importance_scorer),
                   "absolute": str(self.cfg.importance_abs),
                   "normalize": str(self.cfg.importance_normalize),
