@@ -177,11 +177,7 @@ def test_output_over_the_input_is_refused(command, extra, headprune_checkpoint, 
     assert proc.returncode == 2 and source.read_bytes() == before
     assert proc.stderr.strip().splitlines()[-1] == (
         f"fairseq-headprune {command}: error: -o {alias} is the input checkpoint {source}: "
-        f"write to another file, or pass --overwrite-input to replace it.")
-    if command == "prune":  # asked for explicitly, it replaces the input atomically
-        run(["fairseq-headprune", command, "--path", str(source), *extra, "-o", alias,
-             "--overwrite-input"])
-        assert source.read_bytes() != before
+        f"write to another file.")
 
 
 @pytest.mark.parametrize("heads", ["", '{"E": {}}'])

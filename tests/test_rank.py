@@ -79,4 +79,4 @@ def test_choose_refuses_to_write_over_its_importance(tmp_path):
     assert proc.returncode == 2 and imp.read_text() == before
     assert proc.stderr.strip().splitlines()[-1] == (
         f"fairseq-headprune choose: error: -o {imp} is the input file {imp}: write to another "
-        f"file, or pass --overwrite-input to replace it.")
+        f"file.")

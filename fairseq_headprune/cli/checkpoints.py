@@ -1,7 +1,7 @@
 """Subcommands that read and write checkpoints: ``convert``, ``prune``, ``fold``, ``inspect``."""
 
 from fairseq_headprune.cli.common import (
-    add_overwrite_option, count, file_size, refuse_overwrite)
+    count, file_size, refuse_overwrite)
 
 
 def print_parameters(report):
@@ -94,7 +94,6 @@ def add_parsers(sub):
     p = sub.add_parser("convert", help="stock transformer checkpoint -> transformer_headprune")
     p.add_argument("--path", required=True, help="stock fairseq transformer checkpoint")
     p.add_argument("-o", "--output", required=True, help="converted checkpoint to write")
-    add_overwrite_option(p)
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("prune", help="physically remove heads from a checkpoint")
@@ -107,7 +106,6 @@ def add_parsers(sub):
     p.add_argument("--keep-heads", type=count, metavar="K",
                    help="with --from-gates: keep only the K largest evaluation gates")
     p.add_argument("-o", "--output", required=True, help="pruned checkpoint to write")
-    add_overwrite_option(p)
     p.set_defaults(func=cmd_prune)
 
     p = sub.add_parser("fold", help="gated checkpoint -> plain pruned checkpoint: remove heads "
@@ -117,7 +115,6 @@ def add_parsers(sub):
                    help="keep only the K largest evaluation gates of all gated modules (the DSP "
                         "fork's --num-of-heads); default: every head whose gate is not 0")
     p.add_argument("-o", "--output", required=True, help="pruned checkpoint to write")
-    add_overwrite_option(p)
     p.set_defaults(func=cmd_fold)
 
     p = sub.add_parser("inspect", help="print the head layout (and gate values) of a checkpoint")

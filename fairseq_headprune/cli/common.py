@@ -66,23 +66,18 @@ def default_device() -> str:
 
 
 def refuse_overwrite(args, *inputs: str):
-    """One sentence unless ``-o`` names a file other than every input (or ``--overwrite-input``
-    asks for it): a pruned model written over its source loses the source."""
+    """One sentence unless ``-o`` names a file other than every input: no command writes over
+    one of its inputs (a pruned model written over its source loses the source)."""
     from fairseq_headprune.errors import HeadPruneError
 
     if not getattr(args, "output", None):
         return
     out = os.path.realpath(args.output)
     for path in inputs:
-        if path and os.path.realpath(path) == out and not getattr(args, "overwrite_input", False):
+        if path and os.path.realpath(path) == out:
             what = "checkpoint" if _is_checkpoint(path) else "file"
             raise HeadPruneError(f"-o {args.output} is the input {what} {path}: write to "
-                                 f"another file, or pass --overwrite-input to replace it.")
-
-
-def add_overwrite_option(parser):
-    parser.add_argument("--overwrite-input", action="store_true",
-                        help="allow -o to name the input checkpoint (replaced atomically)")
+                                 f"another file.")
 
 
 def _is_checkpoint(path: str) -> bool:

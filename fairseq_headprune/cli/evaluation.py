@@ -2,7 +2,8 @@
 
 import os
 
-from fairseq_headprune.cli.common import count, count0, default_device, floats, ints, types_arg
+from fairseq_headprune.cli.common import (
+    count, count0, default_device, floats, ints, refuse_overwrite, types_arg)
 
 
 def cmd_sweep(args):
@@ -29,6 +30,7 @@ def cmd_evaluate(args):
     if args.labels and len(args.labels) != len(args.paths):
         raise HeadPruneError(f"--labels gives {len(args.labels)} names for {len(args.paths)} "
                              f"checkpoints.")
+    refuse_overwrite(args, *args.paths)
     rows = evaluate_checkpoints(args.data, args.paths, args.output, args.labels, args.subset,
                                 args.beam, args.max_tokens, args.max_sentences, args.device)
     for r in rows:
@@ -41,6 +43,7 @@ def cmd_bench(args):
     from fairseq_headprune.evaluation.bench import format_bench, run_bench
     from fairseq_headprune.io import write_json
 
+    refuse_overwrite(args, args.path, args.pruned)
     report = run_bench(args.data, args.path, args.pruned, args.subset, args.beam,
                        args.batch_sizes, args.max_sentences, args.repeats, args.device,
                        None if args.free_length else args.fixed_length)

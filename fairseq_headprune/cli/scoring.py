@@ -4,7 +4,7 @@ import os
 import sys
 
 from fairseq_headprune.cli.common import (
-    add_overwrite_option, amount, refuse_overwrite, types_arg)
+    amount, refuse_overwrite, types_arg)
 
 
 def cmd_importance(args, extra):
@@ -95,7 +95,6 @@ def add_parsers(sub):
     p.add_argument("--normalize", choices=["layer_l2", "none"], default="layer_l2",
                    help="(default: %(default)s)")
     p.add_argument("-o", "--output", required=True, help="importance JSON to write")
-    add_overwrite_option(p)
     p.set_defaults(func=cmd_importance, passthrough=True)
 
     p = sub.add_parser("correlate", help="rank correlation (Spearman, per attention type) of "
@@ -103,7 +102,6 @@ def add_parsers(sub):
     p.add_argument("--importance", nargs="+", required=True, help="importance JSON files")
     p.add_argument("--labels", nargs="+", help="a name per file (default: the paths)")
     p.add_argument("-o", "--output", help="JSON to write the correlations to")
-    add_overwrite_option(p)
     p.set_defaults(func=cmd_correlate)
 
     p = sub.add_parser("choose", help="heads to prune from an importance JSON")
@@ -119,5 +117,4 @@ def add_parsers(sub):
                    help="attention types in scope (default: %(default)s)")
     p.add_argument("--keep-one-per-layer", action="store_true", help="never empty a layer")
     p.add_argument("-o", "--output", help="head spec JSON to write (prune --heads reads it)")
-    add_overwrite_option(p)
     p.set_defaults(func=cmd_choose)
