@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from fairseq_headprune.evaluation.decode import load_model, translate
 from fairseq_headprune.heads.layout import HeadLayout
-from fairseq_headprune.io import load_rows, write_json
+from fairseq_headprune.io import data_fingerprint, load_rows, write_json
 
 
 def _stamp(path: str) -> List[int]:
@@ -30,7 +30,8 @@ def evaluate_checkpoints(data: str, paths: Sequence[str], output: str,
     """Score every checkpoint of ``paths`` (see the module docstring); returns all rows."""
     labels = list(labels) if labels else [os.path.basename(p) for p in paths]
     config = {"data": os.path.abspath(data), "subset": subset, "beam": beam,
-              "max_sentences": max_sentences}
+              "max_sentences": max_sentences,
+              "data_sha256": os.path.isdir(data) and data_fingerprint(data, subset)}
     rows = load_rows(output, config, "an evaluation")
     for label, path in tqdm(list(zip(labels, paths)), desc="evaluate", unit="checkpoint"):
         key = {"label": label, "path": os.path.abspath(path), "stamp": _stamp(path)}
