@@ -76,6 +76,15 @@ def headprune_checkpoint(data_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def importance_file(headprune_checkpoint, data_dir, tmp_path_factory):
+    """Michel et al. importance of ``headprune_checkpoint`` on the valid split."""
+    out = tmp_path_factory.mktemp("imp") / "importance.json"
+    run(["fairseq-headprune", "importance", data_dir, "--path", headprune_checkpoint,
+         "-o", str(out), "--cpu"])
+    return str(out)
+
+
+@pytest.fixture(scope="session")
 def lstm_checkpoint(data_dir, tmp_path_factory):
     """A checkpoint of a model that is not a Transformer."""
     save = tmp_path_factory.mktemp("lstm")

@@ -53,14 +53,6 @@ def same(a, b):
     return a == b
 
 
-@pytest.fixture(scope="module")
-def importance_file(headprune_checkpoint, data_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("imp") / "importance.json"
-    run(["fairseq-headprune", "importance", data_dir, "--path", headprune_checkpoint,
-         "-o", str(out), "--cpu"])
-    return str(out)
-
-
 @pytest.mark.parametrize("name", ["importance", "sweep", "ablate", "prune"])
 def test_sigkill_then_rerun(name, headprune_checkpoint, data_dir, importance_file, tmp_path):
     exe = os.path.join(BIN, "fairseq-headprune")

@@ -9,15 +9,7 @@ import fairseq_headprune.evaluation.sweep as sweep
 from fairseq_headprune.errors import HeadPruneError
 
 
-@pytest.fixture(scope="module")
-def importance(headprune_checkpoint, data_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("imp") / "importance.json"
-    run(["fairseq-headprune", "importance", data_dir, "--path", headprune_checkpoint,
-         "-o", str(out), "--cpu"])
-    return str(out)
-
-
-def test_resume_skips_finished_levels(headprune_checkpoint, data_dir, importance, tmp_path,
+def test_resume_skips_finished_levels(headprune_checkpoint, data_dir, importance_file, tmp_path,
                                       monkeypatch):
     calls, interrupt = [], [True]
     real = sweep.translate
@@ -31,11 +23,11 @@ def test_resume_skips_finished_levels(headprune_checkpoint, data_dir, importance
     monkeypatch.setattr(sweep, "translate", counting)
     kwargs = dict(levels=[0.0, 0.25, 0.5], curves=["all", "A"], max_sentences=8)
     with pytest.raises(KeyboardInterrupt):
-        sweep.run_sweep(data_dir, headprune_checkpoint, importance, str(tmp_path), **kwargs)
+        sweep.run_sweep(data_dir, headprune_checkpoint, importance_file, str(tmp_path), **kwargs)
     saved = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [(r["curve"], r["level"]) for r in saved] == [("all", 0.0), ("all", 0.25)]
     calls.clear()
-    rows = sweep.run_sweep(data_dir, headprune_checkpoint, importance, str(tmp_path), **kwargs)
+    rows = sweep.run_sweep(data_dir, headprune_checkpoint, importance_file, str(tmp_path), **kwargs)
     # all@0.5, A@0.25, A@0.5 decoded now; A@0.0 reuses all@0.0 (the same, unpruned model)
     assert calls == [12, 22, 20]
     assert [(r["curve"], r["level"], r["heads_pruned"]) for r in rows] == [
@@ -46,22 +38,22 @@ def test_resume_skips_finished_levels(headprune_checkpoint, data_dir, importance
     assert csv_lines[0].startswith("curve,level,heads_pruned,heads_total,bleu,signature")
     assert len(csv_lines) == 7
     calls.clear()
-    sweep.run_sweep(data_dir, headprune_checkpoint, importance, str(tmp_path), **kwargs)
+    sweep.run_sweep(data_dir, headprune_checkpoint, importance_file, str(tmp_path), **kwargs)
     assert calls == []
 
 
-def test_other_settings_are_refused(headprune_checkpoint, data_dir, importance, tmp_path):
-    sweep.run_sweep(data_dir, headprune_checkpoint, importance, str(tmp_path), levels=[0.0],
+def test_other_settings_are_refused(headprune_checkpoint, data_dir, importance_file, tmp_path):
+    sweep.run_sweep(data_dir, headprune_checkpoint, importance_file, str(tmp_path), levels=[0.0],
                     curves=["all"], max_sentences=4)
     with pytest.raises(HeadPruneError, match="holds a sweep with other settings"):
-        sweep.run_sweep(data_dir, headprune_checkpoint, importance, str(tmp_path),
+        sweep.run_sweep(data_dir, headprune_checkpoint, importance_file, str(tmp_path),
                         levels=[0.0], curves=["all"], max_sentences=5)
 
 
-def test_cli_writes_data_plots_and_checkpoint(headprune_checkpoint, data_dir, importance,
+def test_cli_writes_data_plots_and_checkpoint(headprune_checkpoint, data_dir, importance_file,
                                               tmp_path):
     out = run(["fairseq-headprune", "sweep", data_dir, "--path", headprune_checkpoint,
-               "--importance", importance, "-o", str(tmp_path), "--levels", "0,0.5",
+               "--importance", importance_file, "-o", str(tmp_path), "--levels", "0,0.5",
                "--curves", "all", "--max-sentences", "8", "--save-levels", "0.5",
                "--device", "cpu"]).stdout
     assert "all   50.0% pruned ( 12/24) BLEU" in out
@@ -72,9 +64,9 @@ def test_cli_writes_data_plots_and_checkpoint(headprune_checkpoint, data_dir, im
     assert "12 heads kept" in inspect.stdout
 
 
-def test_iterative_rescoring_keeps_earlier_choices(headprune_checkpoint, data_dir, importance,
+def test_iterative_rescoring_keeps_earlier_choices(headprune_checkpoint, data_dir, importance_file,
                                                    tmp_path):
-    rows = sweep.run_sweep(data_dir, headprune_checkpoint, importance, str(tmp_path),
+    rows = sweep.run_sweep(data_dir, headprune_checkpoint, importance_file, str(tmp_path),
                            levels=[0.0, 0.25, 0.5], curves=["all"], max_sentences=4,
                            iterative=True)
     specs = [r["heads"] for r in rows]
@@ -96,21 +88,21 @@ def test_missing_importance_file(headprune_checkpoint, data_dir, tmp_path):
 
 
 def test_resume_checks_inputs_and_finishes_promised_checkpoints(
-        headprune_checkpoint, data_dir, importance, tmp_path):
+        headprune_checkpoint, data_dir, importance_file, tmp_path):
     import shutil
 
     ckpt = str(tmp_path / "model.pt")
     shutil.copy(headprune_checkpoint, ckpt)
     out = str(tmp_path / "sweep")
     kwargs = dict(levels=[0.0, 0.5], curves=["all"], max_sentences=4)
-    sweep.run_sweep(data_dir, ckpt, importance, out, **kwargs)
+    sweep.run_sweep(data_dir, ckpt, importance_file, out, **kwargs)
     # --save-levels added on a rerun: the finished rows get their checkpoint, no new decode
-    sweep.run_sweep(data_dir, ckpt, importance, out, save_levels=[0.5], **kwargs)
+    sweep.run_sweep(data_dir, ckpt, importance_file, out, save_levels=[0.5], **kwargs)
     assert (tmp_path / "sweep" / "pruned_50.pt").stat().st_size > 0
     with open(ckpt, "ab") as f:  # the checkpoint behind the same path changed
         f.write(b"\0")
     with pytest.raises(HeadPruneError) as err:
-        sweep.run_sweep(data_dir, ckpt, importance, out, **kwargs)
+        sweep.run_sweep(data_dir, ckpt, importance_file, out, **kwargs)
     assert str(err.value) == (f"{out}/results.json holds a sweep with other settings "
                               f"(checkpoint_sha256 changed); use another --output-dir or "
                               f"delete it.")

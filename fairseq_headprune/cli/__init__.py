@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Deprecation notices raised inside fairseq, Hydra and torch by the calls this command makes;
 # nothing a user can act on (fairseq-train and the other fairseq commands keep theirs).
-QUIET = (r"The version_base parameter is not specified", r"hydra.experimental", r"In 'config': Usage of deprecated",
+QUIET = (r"The version_base parameter is not specified", r"hydra.experimental",
+         r"In 'config': Usage of deprecated",
          r"'config' is validated against ConfigStore", r"The strict flag in the compose API",
          r"`torch.cuda.amp.autocast\(args...\)` is deprecated", r".*pin_memory",
          r"`torch.jit.script` is deprecated", r"Support for mismatched key_padding_mask",
