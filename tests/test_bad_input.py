@@ -67,3 +67,51 @@ def test_every_subcommand_has_bad_input_cases():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     covered = {c[0] for c in CASES} | {c[0] for c in CHECKPOINT_CASES}
     assert set(sub.choices) - covered == set()
+
+
+@pytest.fixture(scope="module")
+def foreign_data(tmp_path_factory):
+    """A data-bin with other words (other dictionary sizes) and no test split."""
+    from conftest import write_parallel
+
+    raw = tmp_path_factory.mktemp("foreign")
+    write_parallel(raw, seed=9, sizes=(("valid", 6),))
+    for side in ("src", "tgt"):  # a larger vocabulary than the tiny models'
+        with open(raw / f"valid.{side}", "a") as f:
+            f.write(" ".join(f"w{i}" for i in range(40)) + "\n")
+    run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+         "--trainpref", str(raw / "valid"), "--validpref", str(raw / "valid"),
+         "--destdir", str(raw / "bin"), "--workers", "1"])
+    return str(raw / "bin")
+
+
+@pytest.mark.parametrize("command, extra", [
+    ("sweep", ["--importance", "{imp}", "--levels", "0"]),
+    ("ablate", []),
+    ("evaluate", []),
+    ("bench", ["--pruned", "{ckpt}"]),
+])
+@pytest.mark.parametrize("case", ["missing", "dictionary", "split"])
+def test_data_that_cannot_serve_the_model(command, extra, case, headprune_checkpoint, data_dir,
+                                          foreign_data, importance_file, tmp_path):
+    data = {"missing": str(tmp_path / "nowhere"), "dictionary": foreign_data,
+            "split": data_dir}[case]
+    subset = ["--subset", "nosuch"] if case == "split" else []
+    out = tmp_path / "out"
+    paths = ["--paths" if command == "evaluate" else "--path", headprune_checkpoint]
+    output = ["-o", str(out / "rows.json")] if command in ("evaluate", "bench") else [
+        "-o", str(out)]
+    args = [a.format(imp=importance_file, ckpt=headprune_checkpoint) for a in extra]
+    proc = run(["fairseq-headprune", command, data, *paths, *args, *output, *subset,
+                "--device", "cpu"], check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    expected = {
+        "missing": f"data directory {data} does not exist.",
+        "dictionary": f"{foreign_data}/dict.src.txt has ",
+        "split": f"{data_dir} has no 'nosuch' split.",
+    }[case]
+    assert last.startswith(f"fairseq-headprune {command}: error: {expected}"), last
+    if case == "dictionary":
+        assert "DATA was not built with this model's dictionaries." in last
+    assert not out.exists() or os.listdir(out) == []

@@ -299,7 +299,9 @@ RESET = ["--reset-optimizer", "--reset-dataloader", "--reset-meters", "--reset-l
 
 
 def taus(log):
-    return [float(x) for x in re.findall(r"\| tau ([\d.e-]+)", log)]
+    """tau of every update, from fairseq's per-update lines (--log-interval 1)."""
+    return [float(m.group(1)) for line in log.splitlines() if "train_inner" in line
+            for m in [re.search(r"tau=([\d.e+-]+)", line)] if m]
 
 
 def test_joint_schedule_trains_resumes_and_prunes(data_dir, tmp_path):
@@ -314,7 +316,8 @@ def test_joint_schedule_trains_resumes_and_prunes(data_dir, tmp_path):
     assert state["model"]["head_gates.w"].dtype == torch.float32
     assert state["model"]["head_gates.w"].shape == (24,)
     second = run(["fairseq-train", *common, "--max-update", "5"])  # resumes at update 3
-    assert taus(second.stdout + second.stderr) == pytest.approx([0.01, 0.01], rel=1e-5)
+    assert taus(second.stdout + second.stderr) == pytest.approx(
+        [temperature(3, 1, 0.01, 4), 0.01], rel=1e-5)  # the schedule goes on at update 3
     pruned = str(tmp_path / "pruned.pt")
     run(["fairseq-headprune", "prune", "--from-gates", str(save / "checkpoint_last.pt"), "-o",
          pruned])

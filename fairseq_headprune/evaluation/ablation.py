@@ -50,7 +50,7 @@ def run_ablation(data: str, path: str, output_dir: str, mode: str = "single",
                  subset: str = "test", beam: int = 5, max_tokens: int = 4000,
                  max_sentences: Optional[int] = None, device: str = "cpu") -> Dict:
     """Decode the unpruned model and every ablation; BLEU and its difference per row."""
-    base, task = load_model(path, data, device)
+    base, task = load_model(path, data, device, subset)
     config = {"checkpoint": os.path.abspath(path), "checkpoint_sha256": sha256_file(path),
               "data": os.path.abspath(data), "data_sha256": data_fingerprint(data, subset),
               "mode": mode, "types": "".join(types),

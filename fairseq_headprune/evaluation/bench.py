@@ -23,7 +23,7 @@ def run_bench(data: str, full_path: str, pruned_path: str, subset: str = "test",
     the mean reference length, and both do exactly the same decoding steps. ``None`` decodes
     freely; a positive number fixes that length.
     """
-    models = {name: load_model(p, data, device) for name, p in
+    models = {name: load_model(p, data, device, subset) for name, p in
               (("full", full_path), ("pruned", pruned_path))}
     task = models["full"][1]
     task.load_dataset(subset)

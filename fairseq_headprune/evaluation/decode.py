@@ -1,5 +1,7 @@
 """Decode a subset with fairseq's generator and score it with sacrebleu on detokenised text."""
 
+import glob
+import os
 import time
 from argparse import Namespace
 from dataclasses import dataclass
@@ -9,10 +11,11 @@ import numpy as np
 import sacrebleu
 import torch
 from fairseq import checkpoint_utils, utils
-from fairseq.data import data_utils
+from fairseq.data import Dictionary, data_utils
 
 from fairseq_headprune import register  # noqa: F401
-from fairseq_headprune.pruning.checkpoint import load_checkpoint, refuse_gates
+from fairseq_headprune.errors import HeadPruneError
+from fairseq_headprune.pruning.checkpoint import load_checkpoint, model_args, refuse_gates
 
 
 @dataclass
@@ -29,9 +32,41 @@ class Translation:
         return result.score, str(metric.get_signature())
 
 
-def load_model(path: str, data: str, device: str = "cpu"):
-    """Load a checkpoint (after a one-sentence check) with fairseq's loader; eval mode."""
-    refuse_gates(load_checkpoint(path), path)  # clear errors for bad files and gated models
+def check_data(state: dict, path: str, data: str, subset: Optional[str] = None):
+    """One sentence, before any decoding, when DATA cannot serve the checkpoint: a missing
+    folder, a missing split, or dictionaries whose sizes differ from the model's embeddings."""
+    if not os.path.isdir(data):
+        raise HeadPruneError(f"data directory {data} does not exist.")
+    args = model_args(state)
+    task = (state.get("cfg") or {}).get("task") or args
+    langs = {"source": getattr(task, "source_lang", None),
+             "target": getattr(task, "target_lang", None)}
+    if None in langs.values():  # trained without --source-lang: fairseq infers it from DATA
+        langs = dict(zip(("source", "target"), data_utils.infer_language_pair(data)))
+    for side, stack in (("source", "encoder"), ("target", "decoder")):
+        lang = langs[side]
+        weight = state["model"].get(f"{stack}.embed_tokens.weight")
+        dict_path = os.path.join(data, f"dict.{lang}.txt")
+        if lang is None or weight is None:
+            continue
+        if not os.path.isfile(dict_path):
+            raise HeadPruneError(f"{data} has no {side} dictionary dict.{lang}.txt for the "
+                                 f"{lang} side of {path}.")
+        size = len(Dictionary.load(dict_path))
+        if size != weight.size(0):
+            raise HeadPruneError(f"{dict_path} has {size} entries but {path} embeds "
+                                 f"{weight.size(0)}: DATA was not built with this model's "
+                                 f"dictionaries.")
+    if subset and not glob.glob(os.path.join(glob.escape(data), f"{subset}.*.idx")):
+        raise HeadPruneError(f"{data} has no '{subset}' split.")
+
+
+def load_model(path: str, data: str, device: str = "cpu", subset: Optional[str] = None):
+    """Load a checkpoint (after one-sentence checks of it and of DATA) with fairseq's loader;
+    eval mode."""
+    state = load_checkpoint(path)
+    refuse_gates(state, path)  # clear errors for bad files and gated models
+    check_data(state, path, data, subset)
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [path], arg_overrides={"data": data})
     return models[0].to(device).eval(), task

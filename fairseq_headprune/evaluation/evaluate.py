@@ -12,9 +12,11 @@ from typing import Dict, List, Optional, Sequence
 
 from tqdm import tqdm
 
-from fairseq_headprune.evaluation.decode import load_model, translate
+from fairseq_headprune.errors import HeadPruneError
+from fairseq_headprune.evaluation.decode import check_data, load_model, translate
 from fairseq_headprune.heads.layout import HeadLayout
 from fairseq_headprune.io import data_fingerprint, load_rows, write_json
+from fairseq_headprune.pruning.checkpoint import load_checkpoint, refuse_gates
 
 
 def _stamp(path: str) -> List[int]:
@@ -29,6 +31,12 @@ def evaluate_checkpoints(data: str, paths: Sequence[str], output: str,
                          ) -> List[Dict]:
     """Score every checkpoint of ``paths`` (see the module docstring); returns all rows."""
     labels = list(labels) if labels else [os.path.basename(p) for p in paths]
+    if len(labels) != len(paths):
+        raise HeadPruneError(f"--labels names {len(labels)} checkpoints, --paths {len(paths)}.")
+    for path in paths:  # every input checked before the first decode
+        state = load_checkpoint(path)
+        refuse_gates(state, path)
+        check_data(state, path, data, subset)
     config = {"data": os.path.abspath(data), "subset": subset, "beam": beam,
               "max_sentences": max_sentences,
               "data_sha256": os.path.isdir(data) and data_fingerprint(data, subset)}
@@ -37,7 +45,7 @@ def evaluate_checkpoints(data: str, paths: Sequence[str], output: str,
         key = {"label": label, "path": os.path.abspath(path), "stamp": _stamp(path)}
         if any(all(r.get(k) == v for k, v in key.items()) for r in rows):
             continue
-        model, task = load_model(path, data, device)
+        model, task = load_model(path, data, device, subset)
         layout = HeadLayout.from_model(model)
         result = translate(model, task, subset, beam, max_tokens, max_sentences=max_sentences,
                            device=device)

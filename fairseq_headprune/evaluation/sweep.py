@@ -66,7 +66,7 @@ def run_sweep(data: str, path: str, importance: str, output_dir: str,
         if curve not in CURVES:
             raise HeadPruneError(f"unknown curve '{curve}': expected one of {', '.join(CURVES)}.")
     scores = read_importance(importance)
-    base, task = load_model(path, data, device)
+    base, task = load_model(path, data, device, subset)
     config = {"checkpoint": os.path.abspath(path), "checkpoint_sha256": sha256_file(path),
               "importance": os.path.abspath(importance),
               "importance_sha256": sha256_file(importance), "data": os.path.abspath(data),
