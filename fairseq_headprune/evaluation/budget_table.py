@@ -13,7 +13,6 @@ import json
 from typing import Dict, List
 
 from fairseq_headprune.evaluation.head_table import join_rows, table_main
-from fairseq_headprune.io import atomic_path
 
 # DSP's own tables could not be read (METHODS_NOTES.md 3.9); the IWSLT14 de-en numbers available
 # are Ni et al. (2023)'s re-runs at 30M parameters (their Table 2, METHODS_NOTES.md 4.7).
@@ -39,11 +38,9 @@ def build_rows(evaluated: List[Dict], manifest: List[List[str]]) -> List[Dict]:
 
 
 def plot(path: str, rows: List[Dict]):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from fairseq_headprune.evaluation.plots import bleu_figure, save_bleu_figure
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = bleu_figure()
     ax.axhline(rows[0]["bleu"], color="gray", lw=0.8, ls=":", label="unpruned")
     for r in rows:
         if r["method"] == "control":
@@ -54,13 +51,7 @@ def plot(path: str, rows: List[Dict]):
         if points:
             xs, ys = zip(*points)
             ax.plot(xs, ys, "s--" if method == "michel" else "o-", label=NAMES[method])
-    ax.set_xlabel("heads pruned (%)")
-    ax.set_ylabel("BLEU")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    save_bleu_figure(fig, ax, path, "heads pruned (%)")
 
 
 def markdown(path: str) -> str:

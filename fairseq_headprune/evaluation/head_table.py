@@ -16,7 +16,7 @@ import json
 import os
 from typing import Dict, List
 
-from fairseq_headprune.io import atomic_path, write_json, write_text
+from fairseq_headprune.io import write_json, write_text
 
 # Voita et al. (2019), WMT EN-RU transformer-base (6+6 layers, 8 heads: 48 per type), BLEU with
 # the heads kept per type after L0 fine-tuning of all three types (paper, via METHODS_NOTES.md
@@ -67,11 +67,9 @@ def write_csv(path: str, rows: List[Dict], columns=("types", "setting")):
 
 
 def plot(path: str, rows: List[Dict]):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from fairseq_headprune.evaluation.plots import bleu_figure, save_bleu_figure
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = bleu_figure()
     base = rows[0]
     ax.axhline(base["bleu"], color="gray", lw=0.8, ls=":", label="unpruned")
     series: Dict[str, List] = {}
@@ -84,13 +82,7 @@ def plot(path: str, rows: List[Dict]):
     for name, points in sorted(series.items()):
         xs, ys = zip(*sorted(points))
         ax.plot(xs, ys, "o-" if "michel" not in name else "s--", label=name)
-    ax.set_xlabel("heads kept (all types)")
-    ax.set_ylabel("BLEU")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    save_bleu_figure(fig, ax, path, "heads kept (all types)")
 
 
 def markdown(path: str) -> str:

@@ -20,6 +20,19 @@ def _save(fig, path):
     plt.close(fig)
 
 
+def bleu_figure():
+    """A figure for BLEU against heads (the method tables draw their series on its axes)."""
+    return plt.subplots(figsize=(6, 4))
+
+
+def save_bleu_figure(fig, ax, path: str, xlabel: str):
+    """Label a :func:`bleu_figure`, write it atomically as PNG, close it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("BLEU")
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
 def plot_sweep(results_json: str, png: str):
     """BLEU against the share of heads pruned, one line per curve."""
     with open(results_json, encoding="utf-8") as f:
