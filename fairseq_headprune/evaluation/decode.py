@@ -61,12 +61,19 @@ def check_data(state: dict, path: str, data: str, subset: Optional[str] = None):
         raise HeadPruneError(f"{data} has no '{subset}' split.")
 
 
-def load_model(path: str, data: str, device: str = "cpu", subset: Optional[str] = None):
-    """Load a checkpoint (after one-sentence checks of it and of DATA) with fairseq's loader;
-    eval mode."""
+def check_inputs(path: str, data: str, subset: Optional[str] = None):
+    """One-sentence errors for a bad or gated checkpoint and for DATA that cannot serve it."""
     state = load_checkpoint(path)
-    refuse_gates(state, path)  # clear errors for bad files and gated models
+    refuse_gates(state, path)
     check_data(state, path, data, subset)
+
+
+def load_model(path: str, data: str, device: str = "cpu", subset: Optional[str] = None,
+               checked: bool = False):
+    """Load a checkpoint with fairseq's loader, eval mode; first :func:`check_inputs` unless
+    the caller already did (``checked``)."""
+    if not checked:
+        check_inputs(path, data, subset)
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [path], arg_overrides={"data": data})
     return models[0].to(device).eval(), task

@@ -13,10 +13,9 @@ from typing import Dict, List, Optional, Sequence
 from tqdm import tqdm
 
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.evaluation.decode import check_data, load_model, translate
+from fairseq_headprune.evaluation.decode import check_inputs, load_model, translate
 from fairseq_headprune.heads.layout import HeadLayout
 from fairseq_headprune.io import data_fingerprint, load_rows, write_json
-from fairseq_headprune.pruning.checkpoint import load_checkpoint, refuse_gates
 
 
 def _stamp(path: str) -> List[int]:
@@ -34,9 +33,7 @@ def evaluate_checkpoints(data: str, paths: Sequence[str], output: str,
     if len(labels) != len(paths):
         raise HeadPruneError(f"--labels names {len(labels)} checkpoints, --paths {len(paths)}.")
     for path in paths:  # every input checked before the first decode
-        state = load_checkpoint(path)
-        refuse_gates(state, path)
-        check_data(state, path, data, subset)
+        check_inputs(path, data, subset)
     config = {"data": os.path.abspath(data), "subset": subset, "beam": beam,
               "max_sentences": max_sentences,
               "data_sha256": os.path.isdir(data) and data_fingerprint(data, subset)}
@@ -45,7 +42,7 @@ def evaluate_checkpoints(data: str, paths: Sequence[str], output: str,
         key = {"label": label, "path": os.path.abspath(path), "stamp": _stamp(path)}
         if any(all(r.get(k) == v for k, v in key.items()) for r in rows):
             continue
-        model, task = load_model(path, data, device, subset)
+        model, task = load_model(path, data, device, subset, checked=True)
         layout = HeadLayout.from_model(model)
         result = translate(model, task, subset, beam, max_tokens, max_sentences=max_sentences,
                            device=device)
