@@ -6,5 +6,5 @@ from fairseq_headprune.errors import install_error_hook
 allow_fairseq_checkpoint_globals()
 install_error_hook()
 
-from fairseq_headprune.methods import dsp, importance_task, voita  # noqa: E402,F401  (register)
+from fairseq_headprune.methods import dsp, gha, importance_task, voita  # noqa: E402,F401  (register)
 from fairseq_headprune.model import transformer  # noqa: E402,F401

@@ -48,6 +48,12 @@ CASES = [
     ("importance", ["d", "--path", "m.pt", "-o", "out.json", "--abs", "head"], "--abs",
      "invalid choice: 'head' (choose from 'token', 'sentence', 'batch')"),
     ("correlate", ["--importance"], "--importance", "expected at least one argument"),
+    ("vote", ["d", "--path", "m.pt", "-o", "out.json", "--groups", "0"], "--groups",
+     "a whole number >= 1, got '0'"),
+    ("vote", ["d", "--path", "m.pt", "-o", "out.json", "--types", "EX"], "--types",
+     "letters among E (encoder self), D (decoder self), A (encoder-decoder), got 'EX'"),
+    ("choose", ["--importance", "x.json", "--per-module", "0"], "--per-module",
+     "a whole number >= 1, got '0'"),
 ]
 
 

@@ -36,6 +36,17 @@ def register_scorer(name: str):
 class HeadImportance(ABC):
     """Scores every head of a ``transformer_headprune`` model on one batch."""
 
+    method = ""  # the paper and quantity, recorded in the importance file
+
+    @classmethod
+    def from_config(cls, cfg) -> "HeadImportance":
+        """The scorer the ``head_importance`` task's options describe."""
+        return cls()
+
+    def options(self) -> dict:
+        """The scorer's settings, recorded in the importance file."""
+        return {}
+
     @abstractmethod
     def batch_scores(self, model: nn.Module, sample: dict, criterion
                      ) -> Tuple[Scores, torch.Tensor, int, dict]:

@@ -28,6 +28,7 @@ from fairseq_headprune.heads.scores import (
     SCORERS, Scores, empty_scores, normalize_by_layer, to_lists)
 from fairseq_headprune.heads.spec import spec_to_json
 from fairseq_headprune.io import data_fingerprint, write_json
+from fairseq_headprune.methods import gha  # noqa: F401  (registers the votes scorer)
 from fairseq_headprune.methods.michel import COUNT  # importing registers the gradient scorer
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,9 @@ class HeadImportanceConfig(TranslationConfig):
         metadata={"help": "JSON file the head importance is written to"})
     importance_scorer: ChoiceEnum(list(SCORERS)) = field(
         default="gradient",
-        metadata={"help": "gradient: Michel et al. (2019) I_h = E_x |dL(x)/dxi_h|"})
+        metadata={"help": "gradient: Michel et al. (2019) I_h = E_x |dL(x)/dxi_h|; votes: Ni "
+                          "et al. (2023) Voting-to-Stay, the fraction of batches in which a "
+                          "head is its group's member nearest the centre"})
     importance_abs: ChoiceEnum(["token", "sentence", "batch"]) = field(
         default="token",
         metadata={"help": "token: |<ctx, dL/dctx>| per token, averaged over tokens (the "
@@ -53,6 +56,14 @@ class HeadImportanceConfig(TranslationConfig):
         default="layer_l2",
         metadata={"help": "divide each layer's scores by their L2 norm (the paper's default) "
                           "or keep raw mean scores"})
+    vote_groups: int = field(
+        default=gha.GROUPS, metadata={"help": "votes: C, the groups each module's heads are "
+                                              "clustered into (one vote per group per batch)"})
+    vote_feature: ChoiceEnum(list(gha.FEATURES)) = field(
+        default="headout", metadata={"help": "votes: the feature map clustered"})
+    vote_types: str = field(
+        default="E,D,A", metadata={"help": "votes: attention types scored"})
+    vote_seed: int = field(default=gha.SEED, metadata={"help": "votes: k-means seed"})
 
 
 def scores_to_log(scores: Scores) -> Dict[str, torch.Tensor]:
@@ -91,7 +102,7 @@ class HeadImportanceTask(TranslationTask):
 
     def __init__(self, cfg, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
-        self.scorer = SCORERS[str(cfg.importance_scorer)](absolute=str(cfg.importance_abs))
+        self.scorer = SCORERS[str(cfg.importance_scorer)].from_config(cfg)
         self.scored_subset = None
         self.totals: Optional[Dict[str, torch.Tensor]] = None  # this worker's running sums
 
@@ -150,11 +161,11 @@ class HeadImportanceTask(TranslationTask):
                 f"{self.cfg.data}: fairseq-validate drops the last batch unless "
                 f"--required-batch-size-multiple 1 (and skips sentences longer than the model's "
                 f"positions); nothing was written.")
-        result = {"method": "Michel et al. 2019, gradient importance",
+        result = {"method": self.scorer.method,
                   "data": os.path.abspath(str(self.cfg.data)), "subset": subset,
                   "data_sha256": data_fingerprint(str(self.cfg.data), subset),
                   "scorer": str(self.cfg.importance_scorer),
-                  "absolute": str(self.cfg.importance_abs),
+                  **self.scorer.options(),
                   "normalize": str(self.cfg.importance_normalize),
                   **reduce_importance(logging_outputs, str(self.cfg.importance_normalize))}
         if distributed_utils.get_global_rank() == 0:

@@ -40,6 +40,14 @@ class GradientImportance(HeadImportance):
     """
 
     MODES = ("token", "sentence", "batch")
+    method = "Michel et al. 2019, gradient importance"
+
+    @classmethod
+    def from_config(cls, cfg) -> "GradientImportance":
+        return cls(absolute=str(cfg.importance_abs))
+
+    def options(self) -> dict:
+        return {"absolute": self.absolute}
 
     def __init__(self, absolute: str = "token"):
         if absolute not in self.MODES:

@@ -88,6 +88,29 @@ def choose_to_keep(scores: Scores, keep: Dict[str, int]) -> HeadSpec:
     return spec
 
 
+def choose_per_module(scores: Scores, keep: int, types: Optional[Sequence[str]] = None
+                      ) -> HeadSpec:
+    """The heads to remove so that each module of ``types`` keeps its ``keep`` highest-scored
+    present heads, ties to the lower head index (Ni et al. 2023's Voting-to-Stay rule,
+    ``voting_on_pruneindicators``: stable sort by votes, descending)."""
+    types = [k for k in (types or "EDA") if k in scores]
+    if keep < 1:
+        raise HeadPruneError(f"--per-module must be at least 1, got {keep}.")
+    spec: HeadSpec = {}
+    for kind in types:
+        for layer, row in enumerate(scores[kind].tolist()):
+            present = [(h, v) for h, v in enumerate(row) if not math.isnan(v)]
+            if len(present) < keep:
+                pruned = ("" if len(present) == len(row)
+                          else f" left of its {len(row)} after pruning")
+                raise HeadPruneError(f"cannot keep {keep} heads of {kind}:{layer + 1}: it has "
+                                     f"{len(present)}{pruned}.")
+            ranked = sorted(present, key=lambda item: -item[1])  # stable: lower index first
+            for h, _ in ranked[keep:]:
+                spec.setdefault(kind, {}).setdefault(layer, []).append(h)
+    return normalized(spec)
+
+
 def parse_keep(text: str) -> Dict[str, int]:
     """``"E:10,D:24,A:20"`` -> ``{"E": 10, "D": 24, "A": 20}``."""
     keep = {}
