@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """Cost of the gates: transformer_headprune with every gate open versus the stock transformer,
-and (``--gates KIND``) with a gate module of that kind versus without.
+and (``--gates KIND``) with a gate module of that kind versus without, and (``--group-constraint
+C``) a training update with Ni et al. (2023)'s group constraint (k-means of every module's heads
+into C groups, the criterion's loss) versus without.
 
 Builds the models with identical weights in one process, times them interleaved on the same
 batch, and prints per model the median [min-max] of a training update (forward, backward and an
@@ -10,6 +12,7 @@ Adam step) and of beam search, and the ratios of the medians: masked / stock, ga
 import argparse
 import logging
 from argparse import Namespace
+from contextlib import nullcontext
 
 import torch
 from fairseq.data import Dictionary
@@ -18,6 +21,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_headprune import register  # noqa: F401  (gate kinds)
 from fairseq_headprune.evaluation.timing import interleaved_times, median
+from fairseq_headprune.methods.gha import FeatureTap, constraint_loss
 from fairseq_headprune.model.gates import GATE_REGISTRY
 from fairseq_headprune.model.transformer import HeadPruneTransformerModel
 
@@ -47,6 +51,9 @@ def main():
     parser.add_argument("--gate-option", action="append", default=[], metavar="NAME=VALUE",
                         help="a model option of the gate kind, e.g. subset_heads=25%% "
                              "(default for subset: subset_heads=50%%)")
+    parser.add_argument("--group-constraint", type=int, metavar="C",
+                        help="also time training updates with the GHA group constraint, C groups")
+    parser.add_argument("--group-feature", default="headout", help="(default: %(default)s)")
     opts = parser.parse_args()
     logging.getLogger("fairseq").setLevel(logging.WARNING)
 
@@ -77,6 +84,10 @@ def main():
         gated = build(HeadPruneTransformerModel, base_architecture, dictionary, gated_args)
         gated.load_state_dict(stock.state_dict(), strict=False)
         models["gated"] = gated.to(opts.device)
+    if opts.group_constraint:
+        grouped = build(HeadPruneTransformerModel, base_architecture, dictionary, args)
+        grouped.load_state_dict(stock.state_dict(), strict=False)
+        models["grouped"] = grouped.to(opts.device)
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4) for name, m in models.items()}
 
     tokens = torch.randint(dictionary.nspecial, len(dictionary), (opts.batch, opts.length),
@@ -88,8 +99,13 @@ def main():
         model = models[name]
         model.train()
         model.zero_grad()
-        logits, _ = model(tokens, lengths, prev)
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
+        with FeatureTap(model, "EDA", opts.group_feature) if name == "grouped" else nullcontext(
+                ) as tap:
+            logits, _ = model(tokens, lengths, prev)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+        if name == "grouped":
+            loss = loss + constraint_loss(tap, opts.group_constraint)
+        loss.backward()
         optimizers[name].step()
 
     sample = {"net_input": {"src_tokens": tokens, "src_lengths": lengths}}
@@ -103,11 +119,14 @@ def main():
             gen.generate([model], sample)
 
     train = interleaved_times({n: (lambda n=n: train_step(n)) for n in models}, opts.repeats)
-    decode = interleaved_times({n: (lambda n=n: generate(n)) for n in models}, opts.repeats)
+    decode = interleaved_times({n: (lambda n=n: generate(n)) for n in models if n != "grouped"},
+                               opts.repeats)
     print(f"device {opts.device}, {opts.layers}+{opts.layers} layers, d={opts.embed_dim}, "
           f"{opts.heads} heads, batch {opts.batch} x {opts.length} tokens, beam {opts.beam}, "
           f"{opts.repeats} repeats" + (f", gates {opts.gates} on {opts.gate_types}"
                                        if opts.gates else "")
+          + (f", group constraint C={opts.group_constraint} on {opts.group_feature}"
+             if opts.group_constraint else "")
           + "".join(f", {k}={v}" for k, v in (extra if opts.gates else {}).items()))
     for what, times in (("update", train), ("generate", decode)):
         cells = "  ".join(f"{n} {median(t) * 1000:7.1f} ms [{min(t) * 1000:.1f}-"
@@ -115,6 +134,9 @@ def main():
         ratios = f"masked/stock {median(times['masked']) / median(times['stock']):.3f}"
         if "gated" in times:
             ratios += f"  gated/masked {median(times['gated']) / median(times['masked']):.3f}"
+        if "grouped" in times:
+            ratios += (f"  grouped/masked "
+                       f"{median(times['grouped']) / median(times['masked']):.3f}")
         print(f"{what:9s} {cells}  ratio {ratios}")
 
 

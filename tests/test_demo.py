@@ -1,5 +1,5 @@
-"""The offline demo and the Voita and DSP reproductions in their QUICK modes, end to end (tiny
-model)."""
+"""The offline demo and the Voita, DSP and GHA reproductions in their QUICK modes, end to end
+(tiny model)."""
 
 import csv
 import json
@@ -70,6 +70,19 @@ def test_quick_demo_and_reproductions(tmp_path):
     again = sh("scripts/reproduce/dsp_demo.sh", DEMO=demo)  # resumes: nothing trained again
     assert [os.stat(p).st_mtime_ns for p in runs] == stamps and len(runs) == 6
     assert "| DSP joint |" in again
+
+    out = sh("scripts/reproduce/gha_demo.sh", DEMO=demo)  # QUICK: C = 2 of 4 heads per module
+    with open(os.path.join(demo, "gha", "gha.json")) as f:
+        rows = json.load(f)["rows"]
+    assert [r["method"] for r in rows] == ["unpruned", "vanilla", "ght", "ght-ps"]
+    assert [sum(r["heads"].values()) for r in rows] == [24, 24, 24, 12]
+    assert rows[1]["params"] == rows[2]["params"] > rows[3]["params"]
+    assert rows[1]["sentences_per_s"] > 0 and rows[3]["sentences_per_s"] > 0
+    with open(os.path.join(demo, "gha", "votes", "ght-ps.json")) as f:
+        votes = json.load(f)
+    assert votes["groups"] == 2 and all(sum(row) == 2 for k in "EDA"
+                                         for row in votes["importance"][k])
+    assert "| GHT-PS | GHT, V2S, then 3 updates | 12 |" in out
 
     modes = sh("scripts/reproduce/importance_modes.sh", DEMO=demo)
     with open(os.path.join(demo, "importance_modes", "correlate.json")) as f:

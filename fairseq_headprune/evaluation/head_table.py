@@ -121,20 +121,28 @@ def markdown(path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def table_main(doc: str, name: str, columns, build, plot_fn, markdown_fn, paper, source):
+def table_main(doc: str, name: str, columns, build, plot_fn, markdown_fn, paper, source,
+               inputs: Dict[str, str] = None):
     """The command line of a result table: evaluate rows + manifest -> ``NAME.json``,
-    ``NAME.csv`` (manifest ``columns``), ``NAME.png``, and the Markdown printed."""
+    ``NAME.csv`` (manifest ``columns``), ``NAME.png``, and the Markdown printed. ``inputs``
+    names further JSON files (``--KEY FILE``, required), passed to ``build`` as keywords."""
     parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("evaluated", help="rows JSON of 'fairseq-headprune evaluate'")
     parser.add_argument("manifest", help="TSV: label, method, " + ", ".join(columns))
     parser.add_argument("-o", "--output-dir", required=True, help=f"where {name}.* go")
+    for key, help_text in (inputs or {}).items():
+        parser.add_argument("--" + key, required=True, help=help_text)
     opts = parser.parse_args()
+    extra = {}
+    for key in inputs or {}:
+        with open(getattr(opts, key), encoding="utf-8") as f:
+            extra[key] = json.load(f)
     with open(opts.evaluated, encoding="utf-8") as f:
         evaluated = json.load(f)
     with open(opts.manifest, encoding="utf-8") as f:
         manifest = [line.rstrip("\n").split("\t") for line in f if line.strip()]
-    rows = build(evaluated["rows"], manifest)
+    rows = build(evaluated["rows"], manifest, **extra)
     out = os.path.join(opts.output_dir, name)
     os.makedirs(opts.output_dir, exist_ok=True)
     write_json(out + ".json", {"config": evaluated["config"], "rows": rows, "paper": paper,

@@ -5,7 +5,7 @@ import json
 import os
 from typing import Dict, Optional
 
-from fairseq_headprune.evaluation import budget_table, head_table
+from fairseq_headprune.evaluation import budget_table, gha_table, head_table
 from fairseq_headprune.heads.layout import TYPE_NAMES
 from fairseq_headprune.io import write_text
 
@@ -94,6 +94,12 @@ def summarize(out_dir: str) -> str:
                      "at the same K (pruned, not fine-tuned), every pruned model with exactly "
                      "K heads; BLEU (difference to the unpruned model):\n")
         lines.append(budget_table.markdown(dsp))
+    gha = os.path.join(out_dir, "gha", "gha.json")
+    if os.path.exists(gha):
+        lines.append("\nNi et al. (2023) GHA on this model (`scripts/reproduce/gha_demo.sh`): the "
+                     "group constraint, Voting-to-Stay, heads removed and fine-tuned, in their "
+                     "Table 1 layout:\n")
+        lines.append(gha_table.markdown(gha))
     return "\n".join(lines) + "\n"
 
 

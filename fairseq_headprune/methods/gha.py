@@ -234,6 +234,18 @@ def check_groups(layout: Optional[HeadLayout], types: str, groups: int, minimum:
                                      f"{pruned} of {kind}:{layer + 1}.")
 
 
+def constraint_loss(tap: FeatureTap, groups: int, alpha: float = ALPHA, beta: float = BETA,
+                    seed: int = SEED) -> Optional[Tensor]:
+    """The group constraint of one forward: :func:`group_loss` of every tapped module, summed
+    (None when no module was tapped)."""
+    total = None
+    for _, x in tap.batches():
+        labels, centres = kmeans(x, groups, seed)
+        part = group_loss(x, labels, centres, alpha, beta).sum()
+        total = part if total is None else total + part
+    return total
+
+
 @dataclass
 class GroupConstraintConfig(LabelSmoothedCrossEntropyCriterionConfig):
     gha_groups: int = field(
@@ -277,14 +289,6 @@ class GroupConstraintCriterion(LabelSmoothedCrossEntropyCriterion):
         check_groups(None, self.types, self.groups, 2, "--gha-groups")
         self._checked: Optional[int] = None
 
-    def constraint(self, tap: FeatureTap) -> Tensor:
-        total = None
-        for _, x in tap.batches():
-            labels, centres = kmeans(x, self.groups, self.seed)
-            part = group_loss(x, labels, centres, self.alpha, self.beta).sum()
-            total = part if total is None else total + part
-        return total
-
     def forward(self, model, sample, reduce=True):
         if self._checked != id(model):
             check_groups(HeadLayout.from_model(model), self.types, self.groups, 2,
@@ -292,7 +296,7 @@ class GroupConstraintCriterion(LabelSmoothedCrossEntropyCriterion):
             self._checked = id(model)
         with FeatureTap(model, self.types, self.feature) as tap:
             loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
-        group = self.constraint(tap)
+        group = constraint_loss(tap, self.groups, self.alpha, self.beta, self.seed)
         if group is None:
             return loss, sample_size, logging_output
         logging_output["group_loss"] = float(group.detach())
