@@ -189,3 +189,42 @@ def test_an_empty_head_spec_is_refused(heads, headprune_checkpoint, tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == (
         f"fairseq-headprune prune: error: the head spec {heads!r} names no heads: nothing to "
         f"prune, nothing written.")
+
+
+@pytest.mark.parametrize("kept, problem", [
+    ([0, 1, 2, 9], "it names head 10 of 4"),
+    ([0, 0, 1, 2], "it names a head twice"),
+    ([1, 0, 2, 3], "its heads are not in ascending order"),
+    ([0, 1], "it lists 2 heads but q_proj holds 16 rows (4 heads of 4)"),
+])
+def test_a_corrupt_kept_heads_buffer_is_refused(kept, problem, headprune_checkpoint, data_dir,
+                                                tmp_path):
+    import hashlib
+
+    import torch
+
+    from fairseq_headprune.pruning.checkpoint import save_checkpoint
+
+    state = torch.load(headprune_checkpoint, weights_only=False)
+    state["model"]["encoder.layers.1.self_attn.kept_heads"] = torch.tensor(kept)
+    bad = tmp_path / "corrupt.pt"
+    save_checkpoint(state, str(bad))
+    digest = hashlib.sha256(bad.read_bytes()).hexdigest()
+    out = tmp_path / "out.pt"
+    commands = [["inspect", "--path", str(bad)]]
+    if kept[-1] == 9:  # one case through the commands that load the model as well
+        commands.append(["prune", "--path", str(bad), "--heads", "E:1:1", "-o", str(out)])
+    for cmd in commands:
+        proc = run(["fairseq-headprune", *cmd], check=False)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == (
+            f"fairseq-headprune {cmd[0]}: error: {bad}, E:2: the kept_heads buffer is corrupt: "
+            f"{problem}.")
+    if kept[-1] == 9:
+        proc = run(["fairseq-generate", data_dir, "--user-dir", USER_DIR, "--path", str(bad),
+                    "--cpu", "--max-sentences", "2"], check=False)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == (
+            f"fairseq-generate: error: checkpoint module encoder.layers.1.self_attn: the "
+            f"kept_heads buffer is corrupt: {problem}.")
+    assert not out.exists() and hashlib.sha256(bad.read_bytes()).hexdigest() == digest

@@ -80,7 +80,7 @@ def test_quick_demo_and_reproductions(tmp_path):
     assert rows[1]["sentences_per_s"] > 0 and rows[3]["sentences_per_s"] > 0
     with open(os.path.join(demo, "gha", "votes", "ght-ps.json")) as f:
         votes = json.load(f)
-    assert votes["groups"] == 2 and all(sum(row) == 2 for k in "EDA"
+    assert votes["groups"] == 2 and all(abs(sum(row) - 2) < 1e-9 for k in "EDA"
                                          for row in votes["importance"][k])
     assert "| GHT-PS | GHT, V2S, then 3 updates | 12 |" in out
 

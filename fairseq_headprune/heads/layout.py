@@ -38,6 +38,23 @@ def attention_modules(model: nn.Module) -> Iterator[Tuple[str, int, nn.Module]]:
                 yield kind, layer, module
 
 
+def check_kept(kept: List[int], heads: int, rows: int, head_dim: int, where: str):
+    """One sentence unless ``kept`` (a ``kept_heads`` buffer) lists distinct original heads in
+    ascending order, each in ``range(heads)``, one per ``head_dim`` rows of ``q_proj``."""
+    problem = None
+    if any(h < 0 or h >= heads for h in kept):
+        problem = f"it names head {max(kept) + 1} of {heads}"
+    elif len(set(kept)) != len(kept):
+        problem = "it names a head twice"
+    elif kept != sorted(kept):
+        problem = "its heads are not in ascending order"
+    elif head_dim and rows != len(kept) * head_dim:
+        problem = (f"it lists {len(kept)} heads but q_proj holds {rows} rows "
+                   f"({rows / head_dim:g} heads of {head_dim})")
+    if problem:
+        raise HeadPruneError(f"{where}: the kept_heads buffer is corrupt: {problem}.")
+
+
 @dataclass
 class HeadLayout:
     """Original head count per type and, per type and layer, the kept original heads (0-based)."""

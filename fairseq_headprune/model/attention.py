@@ -9,6 +9,7 @@ from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor
 
 from fairseq_headprune.errors import HeadPruneError
+from fairseq_headprune.heads.layout import check_kept
 from fairseq_headprune.model.gated_linear import Gate, HeadGatedLinear
 
 
@@ -149,6 +150,8 @@ class MaskedMultiheadAttention(MultiheadAttention):
         if key not in state_dict:
             q_rows = state_dict[prefix + "q_proj.weight"].size(0)
             state_dict[key] = torch.arange(q_rows // self.head_dim)
-        kept = state_dict[key].tolist()
+        kept = [int(h) for h in state_dict[key].reshape(-1).tolist()]
+        check_kept(kept, self.original_num_heads, state_dict[prefix + "q_proj.weight"].size(0),
+                   self.head_dim, f"checkpoint module {name}")
         if kept != self.kept_heads.tolist():
             self.set_kept_heads(kept)

@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 
 from fairseq_headprune.compat import allow_fairseq_checkpoint_globals
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.heads.layout import HeadLayout
+from fairseq_headprune.heads.layout import (
+    ATTENTION_TYPES, HeadLayout, check_kept, module_prefix)
 from fairseq_headprune.io import atomic_path
 from fairseq_headprune.model.transformer import HeadPruneTransformerModel
 
@@ -35,7 +36,27 @@ def load_checkpoint(path: str) -> dict:
             f"{str(err).splitlines()[0] if str(err) else type(err).__name__}.") from err
     if not isinstance(state, dict) or "model" not in state or model_args(state) is None:
         raise HeadPruneError(f"{path} is not a fairseq checkpoint: it has no model and model options.")
+    check_layout(state, path)
     return state
+
+
+def check_layout(state: dict, path: str):
+    """One sentence unless every ``kept_heads`` buffer of the checkpoint lists valid original
+    heads matching its weights (:func:`check_kept`); a stock checkpoint has none to check."""
+    args = model_args(state)
+    sd = state["model"]
+    for kind in ATTENTION_TYPES:
+        heads = getattr(args, "encoder_attention_heads" if kind == "E" else
+                        "decoder_attention_heads", None)
+        dim = getattr(args, "encoder_embed_dim" if kind == "E" else "decoder_embed_dim", None)
+        layer = 0
+        while module_prefix(kind, layer) + "kept_heads" in sd:
+            prefix = module_prefix(kind, layer)
+            weight = sd.get(prefix + "q_proj.weight")
+            if heads and dim and weight is not None:
+                check_kept([int(h) for h in sd[prefix + "kept_heads"].reshape(-1).tolist()],
+                           heads, weight.size(0), dim // heads, f"{path}, {kind}:{layer + 1}")
+            layer += 1
 
 
 def model_args(state: dict):
