@@ -57,11 +57,26 @@ CASES = [
 ]
 
 
+def cli(argv, capsys, cwd):
+    """Run ``fairseq-headprune argv`` in this process (the console script's own ``main``; no
+    fairseq start-up per case); return (exit status, stderr)."""
+    from fairseq_headprune.cli import main
+
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+    finally:
+        os.chdir(old)
+    return exit_info.value.code, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command, args, option, message", CASES)
-def test_bad_values_are_one_sentence(command, args, option, message, tmp_path):
-    proc = run(["fairseq-headprune", command, *args], check=False, cwd=tmp_path)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == (
+def test_bad_values_are_one_sentence(command, args, option, message, tmp_path, capsys):
+    code, stderr = cli([command, *args], capsys, tmp_path)
+    assert code == 2 and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == (
         f"fairseq-headprune {command}: error: argument {option}: "
         + ("must be " if "must" not in message and not message.startswith(("invalid",
                                                                             "expected"))
@@ -121,3 +136,47 @@ def test_data_that_cannot_serve_the_model(command, extra, case, headprune_checkp
     if case == "dictionary":
         assert "DATA was not built with this model's dictionaries." in last
     assert not out.exists() or os.listdir(out) == []
+
+
+def sha256(path):
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+@pytest.mark.parametrize("command, args", [
+    ("convert", ["--path", "{ckpt}"]),
+    ("prune", ["--path", "{ckpt}", "--heads", "E:1:1"]),
+    ("fold", ["--path", "{ckpt}"]),
+    ("importance", ["{data}", "--path", "{ckpt}"]),
+    ("vote", ["{data}", "--path", "{ckpt}"]),
+    ("correlate", ["--importance", "{imp}", "{imp}"]),
+    ("choose", ["--importance", "{imp}", "--amount", "0.5"]),
+    ("sweep", ["{data}", "--path", "{ckpt}", "--importance", "{imp}"]),
+    ("ablate", ["{data}", "--path", "{ckpt}"]),
+    ("evaluate", ["{data}", "--paths", "{ckpt}"]),
+    ("bench", ["{data}", "--path", "{ckpt}", "--pruned", "{ckpt}"]),
+    ("corpus", []),
+])
+def test_an_unwritable_output_is_refused_before_any_work(command, args, headprune_checkpoint,
+                                                        data_dir, importance_file, tmp_path,
+                                                        capsys):
+    """Every subcommand that writes checks its -o first: one sentence, exit 2, inputs unchanged
+    (sha256 before and after), nothing written."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder\n")
+    out = blocker / "out"
+    inputs = [headprune_checkpoint, importance_file] + sorted(
+        os.path.join(data_dir, f) for f in os.listdir(data_dir))
+    before = [sha256(p) for p in inputs]
+    listing = sorted(os.listdir(tmp_path))
+    values = {"ckpt": headprune_checkpoint, "data": data_dir, "imp": importance_file}
+    code, stderr = cli([command, *[a.format(**values) for a in args], "-o", str(out)], capsys,
+                       tmp_path)
+    assert code == 2 and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"fairseq-headprune {command}: error: cannot write -o {out}: {blocker} is a file, "
+        f"not a folder.")
+    assert [sha256(p) for p in inputs] == before
+    assert sorted(os.listdir(tmp_path)) == listing and blocker.read_text() == "not a folder\n"

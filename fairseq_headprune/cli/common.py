@@ -78,6 +78,23 @@ def refuse_overwrite(args, *inputs: str):
             what = "checkpoint" if _is_checkpoint(path) else "file"
             raise HeadPruneError(f"-o {args.output} is the input {what} {path}: write to "
                                  f"another file.")
+    check_writable(args.output)
+
+
+def check_writable(output: str):
+    """One sentence, before any work, unless ``output`` (a file or folder to write) can be
+    created: its nearest existing folder must be a folder and writable."""
+    from fairseq_headprune.errors import HeadPruneError
+
+    place = os.path.abspath(output)
+    if not os.path.isdir(place):
+        place = os.path.dirname(place)
+        while not os.path.exists(place):
+            place = os.path.dirname(place)
+    if not os.path.isdir(place):
+        raise HeadPruneError(f"cannot write -o {output}: {place} is a file, not a folder.")
+    if not os.access(place, os.W_OK | os.X_OK):
+        raise HeadPruneError(f"cannot write -o {output}: the folder {place} is not writable.")
 
 
 def _is_checkpoint(path: str) -> bool:

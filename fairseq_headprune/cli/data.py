@@ -1,11 +1,12 @@
 """Subcommand ``corpus``: build the embedded parallel corpus from gettext catalogs."""
 
-from fairseq_headprune.cli.common import count, share
+from fairseq_headprune.cli.common import check_writable, count, share
 
 
 def cmd_corpus(args):
     from fairseq_headprune.data.corpus import build_corpus
 
+    check_writable(args.output_dir)
     sizes = build_corpus(args.catalogs, args.output_dir, args.src_lang, args.tgt_lang,
                          args.valid_share, args.test_share, args.vocab_size, args.workers)
     print(f"{args.src_lang}-{args.tgt_lang} corpus in {args.output_dir}: "

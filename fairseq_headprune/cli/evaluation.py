@@ -3,13 +3,14 @@
 import os
 
 from fairseq_headprune.cli.common import (
-    count, count0, default_device, floats, ints, refuse_overwrite, types_arg)
+    check_writable, count, count0, default_device, floats, ints, refuse_overwrite, types_arg)
 
 
 def cmd_sweep(args):
     from fairseq_headprune.evaluation.plots import plot_heatmap, plot_sweep
     from fairseq_headprune.evaluation.sweep import run_sweep
 
+    check_writable(args.output_dir)
     rows = run_sweep(args.data, args.path, args.importance, args.output_dir, args.levels,
                      args.curves, args.subset, args.beam, args.max_tokens, args.max_sentences,
                      args.keep_one_per_layer, args.iterative, args.rescore_subset,
@@ -55,6 +56,7 @@ def cmd_bench(args):
 def cmd_ablate(args):
     from fairseq_headprune.evaluation.ablation import run_ablation
 
+    check_writable(args.output_dir)
     result = run_ablation(args.data, args.path, args.output_dir, args.mode, args.types,
                           args.importance, args.subset, args.beam, args.max_tokens,
                           args.max_sentences, args.device)
