@@ -97,3 +97,18 @@ def write_text(path: str, text: str):
     """Write ``text`` atomically."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
+
+
+def check_writable(output: str, option: str):
+    """One sentence, before any work, unless ``output`` (a file or folder to write, given as
+    ``option``) can be created: its nearest existing folder must be a folder and writable."""
+    place = os.path.abspath(output)
+    if not os.path.isdir(place):
+        place = os.path.dirname(place)
+        while not os.path.exists(place):
+            place = os.path.dirname(place)
+    if not os.path.isdir(place):
+        raise HeadPruneError(f"cannot write {option} {output}: {place} is a file, not a folder.")
+    if not os.access(place, os.W_OK | os.X_OK):
+        raise HeadPruneError(f"cannot write {option} {output}: the folder {place} is not "
+                             f"writable.")

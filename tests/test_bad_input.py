@@ -5,7 +5,7 @@ test_cli.py's table; together the two tables must cover every subcommand."""
 import os
 
 import pytest
-from conftest import run
+from conftest import USER_DIR, run
 from test_cli import BAD as CHECKPOINT_CASES
 
 from fairseq_headprune.cli import build_parser
@@ -180,3 +180,38 @@ def test_an_unwritable_output_is_refused_before_any_work(command, args, headprun
         f"not a folder.")
     assert [sha256(p) for p in inputs] == before
     assert sorted(os.listdir(tmp_path)) == listing and blocker.read_text() == "not a folder\n"
+
+
+@pytest.mark.parametrize("override, extra, message", [
+    ({"importance_output": "{blocker}/importance.json"}, [],
+     "cannot write importance_output {blocker}/importance.json: {blocker} is a file, not a "
+     "folder."),
+    ({"importance_scorer": "votes", "vote_groups": 9}, [],
+     "vote_groups 9 is more than the 4 heads of E:1."),
+    ({"importance_scorer": "votes", "vote_groups": 0}, [],
+     "vote_groups must be at least 1, got 0."),
+    ({"data": "{tmp}/nowhere"}, [], "data directory {tmp}/nowhere does not exist."),
+    ({}, ["--valid-subset", "nosuch"], "split 'nosuch' is not in {data}: "),
+])
+def test_bad_input_through_stock_fairseq_validate(override, extra, message, headprune_checkpoint,
+                                                  data_dir, tmp_path):
+    """The README's route (fairseq-validate --task head_importance): one sentence, nonzero exit,
+    no traceback, inputs unchanged (sha256), no importance file."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    values = {"blocker": str(blocker), "tmp": str(tmp_path), "data": data_dir}
+    task = {"_name": "head_importance", "data": data_dir,
+            "importance_output": str(tmp_path / "importance.json")}
+    task.update({k: v.format(**values) if isinstance(v, str) else v for k, v in override.items()})
+    inputs = [headprune_checkpoint] + sorted(
+        os.path.join(data_dir, f) for f in os.listdir(data_dir))
+    before = [sha256(p) for p in inputs]
+    proc = run(["fairseq-validate", data_dir, "--user-dir", USER_DIR, "--task", "head_importance",
+                "--path", headprune_checkpoint, "--cpu", "--max-tokens", "4000",
+                "--required-batch-size-multiple", "1", "--model-overrides",
+                repr({"task": task}), *extra], check=False, cwd=tmp_path)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "fairseq-validate: error: " + message.format(**values)), proc.stderr[-2000:]
+    assert [sha256(p) for p in inputs] == before
+    assert sorted(os.listdir(tmp_path)) == ["a_file"]

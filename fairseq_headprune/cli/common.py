@@ -82,19 +82,10 @@ def refuse_overwrite(args, *inputs: str):
 
 
 def check_writable(output: str):
-    """One sentence, before any work, unless ``output`` (a file or folder to write) can be
-    created: its nearest existing folder must be a folder and writable."""
-    from fairseq_headprune.errors import HeadPruneError
+    """:func:`fairseq_headprune.io.check_writable` for ``-o``."""
+    from fairseq_headprune.io import check_writable as check
 
-    place = os.path.abspath(output)
-    if not os.path.isdir(place):
-        place = os.path.dirname(place)
-        while not os.path.exists(place):
-            place = os.path.dirname(place)
-    if not os.path.isdir(place):
-        raise HeadPruneError(f"cannot write -o {output}: {place} is a file, not a folder.")
-    if not os.access(place, os.W_OK | os.X_OK):
-        raise HeadPruneError(f"cannot write -o {output}: the folder {place} is not writable.")
+    check(output, "-o")
 
 
 def _is_checkpoint(path: str) -> bool:

@@ -325,14 +325,16 @@ class VoteImportance(HeadImportance):
     method = "Ni et al. 2023, Voting-to-Stay votes"
 
     def __init__(self, groups: int = GROUPS, feature: str = "headout", types: str = "EDA",
-                 seed: int = SEED):
+                 seed: int = SEED, option: str = "--groups"):
         self.groups, self.feature, self.seed = int(groups), str(feature), int(seed)
         self.types = parse_gate_types(types)
+        self.option = option  # how the user named C, for the error messages
+        check_groups(None, self.types, self.groups, 1, option)
 
     @classmethod
     def from_config(cls, cfg) -> "VoteImportance":
         return cls(groups=cfg.vote_groups, feature=str(cfg.vote_feature),
-                   types=str(cfg.vote_types), seed=cfg.vote_seed)
+                   types=str(cfg.vote_types), seed=cfg.vote_seed, option="vote_groups")
 
     def options(self) -> dict:
         return {"groups": self.groups, "feature": self.feature, "types": self.types,
@@ -340,7 +342,7 @@ class VoteImportance(HeadImportance):
 
     def batch_scores(self, model, sample, criterion):
         layout = HeadLayout.from_model(model)
-        check_groups(layout, self.types, self.groups, 1, "--groups")
+        check_groups(layout, self.types, self.groups, 1, self.option)
         with torch.no_grad():
             with FeatureTap(model, self.types, self.feature) as tap:
                 loss, sample_size, logging_output = criterion(model, sample)

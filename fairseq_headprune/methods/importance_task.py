@@ -27,7 +27,7 @@ from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.heads.scores import (
     SCORERS, Scores, empty_scores, normalize_by_layer, to_lists)
 from fairseq_headprune.heads.spec import spec_to_json
-from fairseq_headprune.io import data_fingerprint, write_json
+from fairseq_headprune.io import check_writable, data_fingerprint, write_json
 from fairseq_headprune.methods import gha  # noqa: F401  (registers the votes scorer)
 from fairseq_headprune.methods.michel import COUNT  # importing registers the gradient scorer
 
@@ -100,14 +100,32 @@ def reduce_importance(logging_outputs: List[dict], normalize: str = "layer_l2") 
 class HeadImportanceTask(TranslationTask):
     """A translation task whose validation scores attention heads instead of only the loss."""
 
+    @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        """The translation task's set-up, with a missing data folder or dictionary as one
+        sentence."""
+        data = str(cfg.data).split(os.pathsep)[0]
+        if not os.path.isdir(data):
+            raise HeadPruneError(f"data directory {data} does not exist.")
+        try:
+            return super().setup_task(cfg, **kwargs)
+        except FileNotFoundError as err:
+            raise HeadPruneError(f"{data} is not a fairseq-preprocess folder: "
+                                 f"{str(err).splitlines()[0]}.") from err
+
     def __init__(self, cfg, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
+        check_writable(str(cfg.importance_output), "importance_output")
         self.scorer = SCORERS[str(cfg.importance_scorer)].from_config(cfg)
         self.scored_subset = None
         self.totals: Optional[Dict[str, torch.Tensor]] = None  # this worker's running sums
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
-        super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        try:
+            super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        except FileNotFoundError as err:
+            raise HeadPruneError(f"split '{split}' is not in {self.cfg.data}: "
+                                 f"{str(err).splitlines()[0]}; nothing was written.") from err
         if split != getattr(self.cfg, "train_subset", "train"):
             self.scored_subset = split
 
