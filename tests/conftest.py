@@ -32,6 +32,21 @@ def run(cmd, check=True, **kwargs):
     return proc
 
 
+def cli(argv, capsys, cwd):
+    """Run ``fairseq-headprune argv`` in this process (the console script's own ``main``; no
+    fairseq start-up per case); return (exit status, stderr)."""
+    from fairseq_headprune.cli import main
+
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+    finally:
+        os.chdir(old)
+    return exit_info.value.code, capsys.readouterr().err
+
+
 def write_parallel(directory, seed=0, sizes=(("train", 240), ("valid", 24), ("test", 24))):
     """A toy task (reverse and upper-case the words) that 2 epochs partly learn."""
     rng = random.Random(seed)

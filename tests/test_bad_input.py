@@ -5,7 +5,7 @@ test_cli.py's table; together the two tables must cover every subcommand."""
 import os
 
 import pytest
-from conftest import USER_DIR, run
+from conftest import USER_DIR, cli, run
 from test_cli import BAD as CHECKPOINT_CASES
 
 from fairseq_headprune.cli import build_parser
@@ -55,21 +55,6 @@ CASES = [
     ("choose", ["--importance", "x.json", "--per-module", "0"], "--per-module",
      "a whole number >= 1, got '0'"),
 ]
-
-
-def cli(argv, capsys, cwd):
-    """Run ``fairseq-headprune argv`` in this process (the console script's own ``main``; no
-    fairseq start-up per case); return (exit status, stderr)."""
-    from fairseq_headprune.cli import main
-
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            main(argv)
-    finally:
-        os.chdir(old)
-    return exit_info.value.code, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command, args, option, message", CASES)

@@ -2,10 +2,11 @@
 
 import math
 import os
+import random
 import re
 
 import pytest
-from conftest import USER_DIR, batch, beam_search, load, run
+from conftest import USER_DIR, batch, beam_search, cli, load, run
 
 from fairseq_headprune.heads.spec import parse_head_spec
 from fairseq_headprune.pruning.checkpoint import (
@@ -132,6 +133,10 @@ BAD = [
                                             "has (at most 4096)."),
     ("prune", "{missing}", "E:1:1", "checkpoint {missing} does not exist."),
     ("prune", "{truncated}", "E:1:1", "{truncated} is not a readable fairseq checkpoint"),
+    ("prune", "{empty}", "E:1:1", "checkpoint {empty} is empty (0 bytes)."),
+    ("prune", "{random}", "E:1:1", "{random} is not a readable fairseq checkpoint"),
+    ("prune", "{text}", "E:1:1", "{text} is not a readable fairseq checkpoint"),
+    ("prune", "{folder}", "E:1:1", "checkpoint {folder} is a directory, not a checkpoint file."),
     ("prune", "{lstm}", "E:1:1", "{lstm} holds a 'lstm' model, not a transformer_headprune "
                                  "model."),
     ("prune", "{stock}", "E:1:1", "{stock} holds a 'transformer' model, not a "
@@ -145,24 +150,34 @@ BAD = [
 
 @pytest.mark.parametrize("command,path,heads,message", BAD)
 def test_bad_input(command, path, heads, message, headprune_checkpoint, stock_checkpoint,
-                   lstm_checkpoint, tmp_path):
+                   lstm_checkpoint, tmp_path, capsys):
+    import hashlib
+
     truncated = tmp_path / "truncated.pt"
     with open(headprune_checkpoint, "rb") as f:
         truncated.write_bytes(f.read()[:5000])
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "random.pt").write_bytes(random.Random(0).randbytes(4096))
+    (tmp_path / "text.pt").write_text("this is a README, not a model\n")
+    (tmp_path / "folder.pt").mkdir()
     paths = {"ckpt": headprune_checkpoint, "missing": str(tmp_path / "nope.pt"),
-             "truncated": str(truncated), "lstm": lstm_checkpoint, "stock": stock_checkpoint}
+             "truncated": str(truncated), "lstm": lstm_checkpoint, "stock": stock_checkpoint,
+             **{k: str(tmp_path / f"{k}.pt") for k in ("empty", "random", "text", "folder")}}
+    files = [p for p in paths.values() if os.path.isfile(p)]
+    before = [hashlib.sha256(open(p, "rb").read()).hexdigest() for p in files]
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    cmd = ["fairseq-headprune", command, "--path", path.format(**paths)]
+    cmd = [command, "--path", path.format(**paths)]
     if heads:
         cmd += ["--heads", heads]
     if command != "inspect":
         cmd += ["-o", str(out_dir / "out.pt")]
-    proc = run(cmd, check=False)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
+    code, stderr = cli(cmd, capsys, tmp_path)
+    assert code == 2 and "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
     assert lines[-1].startswith(f"fairseq-headprune {command}: error: {message.format(**paths)}")
     assert list(out_dir.iterdir()) == []
+    assert [hashlib.sha256(open(p, "rb").read()).hexdigest() for p in files] == before
 
 
 @pytest.mark.parametrize("command, extra", [("prune", ["--heads", "E:1:1"]), ("fold", []),

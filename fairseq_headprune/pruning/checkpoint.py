@@ -26,8 +26,12 @@ _BUFFER_SUFFIXES = ("version", "_float_tensor", "kept_heads")
 
 def load_checkpoint(path: str) -> dict:
     """Load a fairseq checkpoint to CPU with fairseq's own upgrades, or fail in one sentence."""
+    if os.path.isdir(path):
+        raise HeadPruneError(f"checkpoint {path} is a directory, not a checkpoint file.")
     if not os.path.isfile(path):
         raise HeadPruneError(f"checkpoint {path} does not exist.")
+    if os.path.getsize(path) == 0:
+        raise HeadPruneError(f"checkpoint {path} is empty (0 bytes).")
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(path)
     except Exception as err:  # torch raises many types for a bad file
