@@ -236,3 +236,31 @@ def test_train_vote_choose_prune_fine_tune_generate(headprune_checkpoint, data_d
     assert proc.returncode != 0
     assert ("--gha-groups 3 is more than the 2 heads left of its 4 after pruning of E:1."
             in proc.stderr), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("keep, weights_only", [(8, 44_138_496), (4, 34_701_312),
+                                                (2, 29_982_720)])
+def test_parameter_arithmetic_of_table_1(keep, weights_only):
+    """METHODS_NOTES 4.6: transformer base without embeddings has 44,138,496 parameters; keeping
+    C of 8 heads in all 18 modules removes 18 * (8 - C) * 4 * 512 * 64 weights (Table 1's 30M;
+    the notes' figures). Removal also takes each removed head's q, k and v biases, 3 * 64 more
+    per head, which the notes' arithmetic leaves out."""
+    from argparse import Namespace
+
+    from fairseq.data import Dictionary
+
+    from fairseq_headprune.model.transformer import HeadPruneTransformerModel, base_architecture
+    from fairseq_headprune.pruning.masking import remove_heads_from_model
+
+    args = Namespace(arch="transformer_headprune")
+    base_architecture(args)
+    d = Dictionary()
+    model = HeadPruneTransformerModel.build_model(
+        args, Namespace(source_dictionary=d, target_dictionary=d))
+    spec = {kind: {layer: list(range(keep, 8)) for layer in range(6)} for kind in "EDA"}
+    if keep < 8:
+        remove_heads_from_model(model, spec)
+    removed = 18 * (8 - keep)
+    assert sum(p.numel() for name, p in model.named_parameters()
+               if "embed_tokens" not in name and "output_projection" not in name) == (
+        weights_only - removed * 3 * 64)
