@@ -200,3 +200,61 @@ def test_bad_input_through_stock_fairseq_validate(override, extra, message, head
         "fairseq-validate: error: " + message.format(**values)), proc.stderr[-2000:]
     assert [sha256(p) for p in inputs] == before
     assert sorted(os.listdir(tmp_path)) == ["a_file"]
+
+
+COMMANDS_WITH_A_CHECKPOINT = {
+    "prune": ["--path", "{bad}", "--heads", "E:1:1", "-o", "{out}/x.pt"],
+    "fold": ["--path", "{bad}", "-o", "{out}/x.pt"],
+    "inspect": ["--path", "{bad}"],
+    "importance": ["{data}", "--path", "{bad}", "-o", "{out}/x.json"],
+    "vote": ["{data}", "--path", "{bad}", "-o", "{out}/x.json"],
+    "sweep": ["{data}", "--path", "{bad}", "--importance", "{imp}", "-o", "{out}/sweep"],
+    "ablate": ["{data}", "--path", "{bad}", "-o", "{out}/ablate"],
+    "evaluate": ["{data}", "--paths", "{bad}", "-o", "{out}/x.json"],
+    "bench": ["{data}", "--path", "{ckpt}", "--pruned", "{bad}", "-o", "{out}/x.json"],
+}
+CHECKPOINT_CLASSES = {
+    "missing": "checkpoint {bad} does not exist.",
+    "empty": "checkpoint {bad} is empty (0 bytes).",
+    "truncated": "{bad} is not a readable fairseq checkpoint",
+    "random": "{bad} is not a readable fairseq checkpoint",
+    "text": "{bad} is not a readable fairseq checkpoint",
+    "folder": "checkpoint {bad} is a directory, not a checkpoint file.",
+    "lstm": "{bad} holds a 'lstm' model, not a transformer_headprune model.",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHECKPOINT_CLASSES))
+@pytest.mark.parametrize("command", sorted(COMMANDS_WITH_A_CHECKPOINT))
+def test_every_command_refuses_every_bad_checkpoint(command, case, headprune_checkpoint,
+                                                   lstm_checkpoint, data_dir, importance_file,
+                                                   tmp_path, capsys):
+    """Each class of bad checkpoint on each subcommand that reads one: one sentence, exit 2,
+    no traceback, nothing written, every input unchanged."""
+    import random
+
+    bad = tmp_path / f"{case}.pt"
+    if case == "truncated":
+        bad.write_bytes(open(headprune_checkpoint, "rb").read()[:5000])
+    elif case == "empty":
+        bad.write_bytes(b"")
+    elif case == "random":
+        bad.write_bytes(random.Random(0).randbytes(4096))
+    elif case == "text":
+        bad.write_text("this is a README, not a model\n")
+    elif case == "folder":
+        bad.mkdir()
+    elif case == "lstm":
+        bad = lstm_checkpoint
+    out = tmp_path / "out"
+    out.mkdir()
+    values = {"bad": str(bad), "out": str(out), "data": data_dir, "imp": importance_file,
+              "ckpt": headprune_checkpoint}
+    inputs = [p for p in (str(bad), headprune_checkpoint, importance_file) if os.path.isfile(p)]
+    before = [sha256(p) for p in inputs]
+    code, stderr = cli([command, *[a.format(**values) for a in COMMANDS_WITH_A_CHECKPOINT[
+        command]]], capsys, tmp_path)
+    assert code == 2 and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith(
+        f"fairseq-headprune {command}: error: " + CHECKPOINT_CLASSES[case].format(**values))
+    assert os.listdir(out) == [] and [sha256(p) for p in inputs] == before

@@ -264,3 +264,17 @@ def test_parameter_arithmetic_of_table_1(keep, weights_only):
     assert sum(p.numel() for name, p in model.named_parameters()
                if "embed_tokens" not in name and "output_projection" not in name) == (
         weights_only - removed * 3 * 64)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--gha-groups", "1"], "--gha-groups must be at least 2, got 1: the diversification term "
+                            "averages over pairs of group centres."),
+    (["--gha-groups", "5"], "--gha-groups 5 is more than the 4 heads of E:1."),
+    (["--gha-types", "EX"], "unknown attention type 'X' in --gha-types 'EX'"),
+])
+def test_bad_input_through_fairseq_train(data_dir, tmp_path, flags, message):
+    proc = run(["fairseq-train", data_dir, *GHA, *CONSTRAINT, *flags, "--max-update", "1",
+                "--save-dir", str(tmp_path / "out")], check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert message in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "out" / "checkpoint_last.pt").exists()

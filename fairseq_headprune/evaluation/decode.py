@@ -15,7 +15,7 @@ from fairseq.data import Dictionary, data_utils
 
 from fairseq_headprune import register  # noqa: F401
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.pruning.checkpoint import load_checkpoint, model_args, refuse_gates
+from fairseq_headprune.pruning.checkpoint import load_checkpoint, model_args, require_headprune
 
 
 @dataclass
@@ -64,7 +64,7 @@ def check_data(state: dict, path: str, data: str, subset: Optional[str] = None):
 def check_inputs(path: str, data: str, subset: Optional[str] = None):
     """One-sentence errors for a bad or gated checkpoint and for DATA that cannot serve it."""
     state = load_checkpoint(path)
-    refuse_gates(state, path)
+    require_headprune(state, path)  # a transformer_headprune model without gates
     check_data(state, path, data, subset)
 
 

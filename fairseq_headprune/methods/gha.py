@@ -65,6 +65,13 @@ def kmeans(x: Tensor, groups: int, seed: int = SEED, tol: float = TOL
         ``labels [modules, heads]`` (the assignment to the centres before their last update,
         as kmeans_pytorch returns it) and ``centres [modules, C, F]``, the means of their member
         rows, differentiable with respect to ``x`` (as in kmeans_pytorch).
+
+    Why not a library: ``kmeans_pytorch`` (the authors' base) clusters one problem per call,
+    re-seeds numpy's global generator and returns its results on the CPU; fast-pytorch-kmeans
+    and faiss cluster one problem per call without a gradient through the centres; scikit-learn
+    is CPU-only and not differentiable. Here the problem is a handful of points (H heads) of
+    large dimension per module, dozens of modules per forward, and the loss needs the centres'
+    gradient, which none of them gives batched.
     """
     m, h, f = x.shape
     if not 1 <= groups <= h:
@@ -158,7 +165,7 @@ class FeatureTap:
         if feature not in FEATURES:
             raise HeadPruneError(f"unknown group feature '{feature}': expected one of "
                                  f"{', '.join(FEATURES)}.")
-        self.model, self.types, self.feature = model, parse_gate_types(types), feature
+        self.model, self.types, self.feature = model, parse_gate_types(types, "types"), feature
         self.features: Dict[str, Tensor] = {}
         self._hooks: list = []
         self._saved: list = []
@@ -237,9 +244,12 @@ def check_groups(layout: Optional[HeadLayout], types: str, groups: int, minimum:
 def constraint_loss(tap: FeatureTap, groups: int, alpha: float = ALPHA, beta: float = BETA,
                     seed: int = SEED) -> Optional[Tensor]:
     """The group constraint of one forward: :func:`group_loss` of every tapped module, summed
-    (None when no module was tapped)."""
+    (None when no module was tapped). Computed in float32 whatever the activations' dtype, as
+    kmeans_pytorch casts its input (``X.float()``); under ``--fp16`` a half-precision dot product
+    over batch * length * d_h entries would overflow."""
     total = None
     for _, x in tap.batches():
+        x = x.float()
         labels, centres = kmeans(x, groups, seed)
         part = group_loss(x, labels, centres, alpha, beta).sum()
         total = part if total is None else total + part
@@ -284,7 +294,7 @@ class GroupConstraintCriterion(LabelSmoothedCrossEntropyCriterion):
                  gha_feature="headout", gha_types="E,D,A", gha_seed=SEED):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.groups, self.alpha, self.beta = int(gha_groups), float(gha_alpha), float(gha_beta)
-        self.feature, self.types = str(gha_feature), parse_gate_types(gha_types)
+        self.feature, self.types = str(gha_feature), parse_gate_types(gha_types, "--gha-types")
         self.seed = int(gha_seed)
         check_groups(None, self.types, self.groups, 2, "--gha-groups")
         self._checked: Optional[int] = None
@@ -327,7 +337,7 @@ class VoteImportance(HeadImportance):
     def __init__(self, groups: int = GROUPS, feature: str = "headout", types: str = "EDA",
                  seed: int = SEED, option: str = "--groups"):
         self.groups, self.feature, self.seed = int(groups), str(feature), int(seed)
-        self.types = parse_gate_types(types)
+        self.types = parse_gate_types(types, "vote_types" if option == "vote_groups" else "--types")
         self.option = option  # how the user named C, for the error messages
         check_groups(None, self.types, self.groups, 1, option)
 

@@ -58,16 +58,16 @@ def split_key(key: str):
     return key[0], int(key[1:])
 
 
-def parse_gate_types(text: str) -> str:
+def parse_gate_types(text: str, option: str = "--head-gates-types") -> str:
     """``"E,D,A"`` (or ``"EDA"``) -> ``"EDA"``; one sentence naming the valid letters otherwise."""
     letters = [c for c in str(text) if c not in ", "]
     for c in letters:
         if c not in ATTENTION_TYPES:
             raise HeadPruneError(
-                f"unknown attention type '{c}' in --head-gates-types '{text}': expected letters "
+                f"unknown attention type '{c}' in {option} '{text}': expected letters "
                 f"among E (encoder self), D (decoder self), A (encoder-decoder), e.g. E,D,A.")
     if not letters:
-        raise HeadPruneError("--head-gates-types is empty: expected letters among E, D, A.")
+        raise HeadPruneError(f"{option} is empty: expected letters among E, D, A.")
     return "".join(k for k in ATTENTION_TYPES if k in letters)
 
 
