@@ -1,5 +1,7 @@
 """transformer_headprune as a whole: equal to stock fairseq when open, masked equals removed."""
 
+from argparse import Namespace
+
 import pytest
 import torch
 from conftest import assert_same_hypotheses, batch, beam_search, load, loss
@@ -125,3 +127,73 @@ def test_head_layout_option_builds_exact_shapes(converted, data_dir):
     assert HeadLayout.from_model(rebuilt) == layout
     assert rebuilt.encoder.layers[0].self_attn.q_proj.weight.shape == (4, 16)
     assert rebuilt.decoder.layers[1].encoder_attn.out_proj.weight.shape == (16, 0)
+
+
+def _tiny(cls, **extra):
+    from argparse import Namespace
+
+    from fairseq.data import Dictionary
+    from fairseq.models.transformer import base_architecture
+
+    d = Dictionary()
+    for i in range(20):
+        d.add_symbol(f"w{i}")
+    args = Namespace(encoder_layers=2, decoder_layers=2, encoder_embed_dim=16,
+                     decoder_embed_dim=16, encoder_attention_heads=4, decoder_attention_heads=4,
+                     encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32, **extra)
+    base_architecture(args)
+    return cls.build_model(args, Namespace(source_dictionary=d, target_dictionary=d))
+
+
+def test_retain_dropout_modules_takes_the_stock_class_names():
+    """fairseq matches --retain-dropout-modules on the dropout modules' names: ours carry the
+    names the stock transformer gives them."""
+    from fairseq.models.transformer import TransformerModel
+    from fairseq.modules.fairseq_dropout import FairseqDropout
+
+    from fairseq_headprune.model.transformer import HeadPruneTransformerModel
+
+    def names(model):
+        return sorted((n, m.module_name) for n, m in model.named_modules()
+                      if isinstance(m, FairseqDropout))
+
+    stock, ours = _tiny(TransformerModel), _tiny(HeadPruneTransformerModel)
+    assert names(ours) == names(stock)
+    ours.prepare_for_inference_(Namespace(generation=Namespace(
+        retain_dropout=True, retain_dropout_modules=["TransformerEncoder", "MultiheadAttention"])))
+    applied = {n for n, m in ours.named_modules() if isinstance(m, FairseqDropout)
+               and m.apply_during_inference}
+    assert "encoder.dropout_module" in applied and "decoder.dropout_module" not in applied
+    assert "decoder.layers.1.encoder_attn.dropout_module" in applied
+
+
+def test_checkpoint_activations_give_the_same_loss_and_gradients():
+    """--checkpoint-activations (and --offload-activations) wrap our layers as fairseq wraps the
+    stock ones; recomputation in backward gives the same gradients, heads removed included."""
+    from fairseq_headprune.model.transformer import HeadPruneTransformerModel
+
+    torch.manual_seed(0)
+    plain = _tiny(HeadPruneTransformerModel)
+    for offload in (False, True):
+        ckpt = _tiny(HeadPruneTransformerModel, checkpoint_activations=True,
+                     offload_activations=offload)
+        assert hasattr(ckpt.encoder.layers[0], "precheckpoint_forward")
+        ckpt.load_state_dict(plain.state_dict())
+        for model in (plain, ckpt):
+            model.zero_grad()
+        spec = {"E": {0: [1]}, "A": {1: [0, 2]}}
+        if offload:
+            remove_heads_from_model(plain, spec)
+            remove_heads_from_model(ckpt, spec)
+        src = torch.randint(4, 24, (3, 7))
+        losses = []
+        for model in (plain, ckpt):
+            model.train()
+            torch.manual_seed(1)  # the same dropout masks
+            out = model(src, torch.full((3,), 7), src)[0]
+            loss = out.logsumexp(-1).sum()
+            loss.backward()
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+        for (name, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters()):
+            assert torch.allclose(a.grad, b.grad, atol=1e-6), name

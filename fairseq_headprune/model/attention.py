@@ -5,12 +5,21 @@ from typing import Dict, Optional, Sequence
 import torch
 import torch.nn as nn
 from fairseq.modules import MultiheadAttention
+from fairseq.modules.fairseq_dropout import FairseqDropout
 from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor
 
 from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.heads.layout import check_kept
 from fairseq_headprune.model.gated_linear import Gate, HeadGatedLinear
+
+
+def stock_dropout_names(module: nn.Module, stock: str):
+    """Give the dropout modules a module owns the name the stock class gives them, so that
+    ``--retain-dropout-modules TransformerEncoder`` (matched on that name) reaches ours too."""
+    for child in module.children():
+        if isinstance(child, FairseqDropout) and child.module_name == type(module).__name__:
+            child.module_name = stock
 
 
 def gate_active(gate: Gate) -> bool:
@@ -49,6 +58,7 @@ class MaskedMultiheadAttention(MultiheadAttention):
         self.out_proj = quant_noise(gated, kwargs.get("q_noise", 0.0), kwargs.get("qn_block_size", 8))
         self.original_num_heads = num_heads
         self.register_buffer("kept_heads", torch.arange(num_heads))
+        stock_dropout_names(self, "MultiheadAttention")
 
     # fairseq takes F.multi_head_attention_forward, which bypasses out_proj (and so the gate) and
     # needs embed_dim == num_heads * head_dim, unless this flag is set.

@@ -4,22 +4,31 @@ Only the construction seams are overridden (``build_encoder_layer``, ``build_dec
 ``build_self_attention``, ``build_encoder_attention``); every forward is fairseq's own.
 """
 
+from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
 )
 
-from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.model.attention import MaskedMultiheadAttention
+from fairseq_headprune.model.attention import MaskedMultiheadAttention, stock_dropout_names
 
 
-def _no_activation_checkpointing(cfg):
-    if cfg.checkpoint_activations:
-        raise HeadPruneError("transformer_headprune does not support --checkpoint-activations.")
+def _wrapped(layer, cfg):
+    """``--checkpoint-activations`` / ``--offload-activations`` and FSDP wrapping of a layer, as
+    fairseq's ``build_encoder_layer`` / ``build_decoder_layer`` do for the stock layers."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
 
 
 class HeadPruneEncoderLayer(TransformerEncoderLayerBase):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        stock_dropout_names(self, "TransformerEncoderLayerBase")
+
     def build_self_attention(self, embed_dim, cfg):
         return MaskedMultiheadAttention(
             embed_dim,
@@ -33,6 +42,10 @@ class HeadPruneEncoderLayer(TransformerEncoderLayerBase):
 
 
 class HeadPruneDecoderLayer(TransformerDecoderLayerBase):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        stock_dropout_names(self, "TransformerDecoderLayerBase")
+
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         return MaskedMultiheadAttention(
             embed_dim,
@@ -61,12 +74,18 @@ class HeadPruneDecoderLayer(TransformerDecoderLayerBase):
 
 
 class HeadPruneEncoder(TransformerEncoderBase):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        stock_dropout_names(self, "TransformerEncoder")
+
     def build_encoder_layer(self, cfg):
-        _no_activation_checkpointing(cfg)
-        return HeadPruneEncoderLayer(cfg, return_fc=self.return_fc)
+        return _wrapped(HeadPruneEncoderLayer(cfg, return_fc=self.return_fc), cfg)
 
 
 class HeadPruneDecoder(TransformerDecoderBase):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        stock_dropout_names(self, "TransformerDecoder")
+
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        _no_activation_checkpointing(cfg)
-        return HeadPruneDecoderLayer(cfg, no_encoder_attn)
+        return _wrapped(HeadPruneDecoderLayer(cfg, no_encoder_attn), cfg)

@@ -43,3 +43,18 @@ demo_inputs() {
   done
   mkdir -p "$OUT/runs" "$OUT/pruned"
 }
+
+# demo_train NAME RESTORE UPDATES [fairseq-train options...]: fine-tune from RESTORE for UPDATES
+# updates into $OUT/runs/NAME (optimizer, dataloader, meters and lr schedule reset), once: a
+# finished run leaves $OUT/runs/NAME/done and is skipped when the script is rerun.
+demo_train() {
+  local name="$1" restore="$2" updates="$3"; shift 3
+  local dir="$OUT/runs/$name"
+  if [ ! -f "$dir/done" ]; then
+    fairseq-train "$BIN" "${MODEL_ARGS[@]}" "${ARCH_ARGS[@]}" --restore-file "$restore" \
+      --reset-optimizer --reset-dataloader --reset-meters --reset-lr-scheduler \
+      --max-update "$updates" --save-dir "$dir" --no-epoch-checkpoints --disable-validation \
+      "${DEVICE_ARGS[@]}" "$@"
+    touch "$dir/done"
+  fi
+}

@@ -40,18 +40,6 @@ MANIFEST="$OUT/runs.tsv"                  # label, method, percent kept, setting
 TOTAL=$("$PY" -c 'import sys; from fairseq_headprune.pruning.checkpoint import checkpoint_layout, load_checkpoint; print(checkpoint_layout(load_checkpoint(sys.argv[1])).count())' "$MODEL" 2>/dev/null)
 heads() { "$PY" -c 'import sys; print(round(float(sys.argv[1]) / 100 * int(sys.argv[2])))' "$1" "$TOTAL"; }
 
-train() {  # name restore updates args...: fairseq-train from a checkpoint, once
-  local name="$1" restore="$2" updates="$3"; shift 3
-  local dir="$OUT/runs/$name"
-  if [ ! -f "$dir/done" ]; then
-    fairseq-train "$BIN" "${MODEL_ARGS[@]}" "${ARCH_ARGS[@]}" --restore-file "$restore" \
-      --reset-optimizer --reset-dataloader --reset-meters --reset-lr-scheduler \
-      --max-update "$updates" --save-dir "$dir" --no-epoch-checkpoints --disable-validation \
-      "${DEVICE_ARGS[@]}" "$@"
-    touch "$dir/done"
-  fi
-}
-
 from_gates() {  # name run [prune options...]: the pruned checkpoint of a gated run, once
   local name="$1" run="$2"; shift 2
   [ -f "$OUT/pruned/$name.pt" ] || fairseq-headprune prune --from-gates \
@@ -61,7 +49,7 @@ from_gates() {  # name run [prune options...]: the pruned checkpoint of a gated 
 row() { printf '%s\t%s\t%s\t%s\n' "$@" >> "$MANIFEST.new"; }
 
 echo "== 0/5 control: the same fine-tuning without gates"
-train finetune-no-gates "$MODEL" "$UPDATES" --criterion label_smoothed_cross_entropy
+demo_train finetune-no-gates "$MODEL" "$UPDATES" --criterion label_smoothed_cross_entropy
 [ -f "$OUT/pruned/finetune-no-gates.pt" ] || \
   cp "$OUT/runs/finetune-no-gates/checkpoint_last.pt" "$OUT/pruned/finetune-no-gates.pt"
 row finetune-no-gates control - "fine-tuned $UPDATES updates, no gates"
@@ -70,20 +58,20 @@ SUBSET=(--head-gates subset --subset-lr "$SUBSET_LR" --criterion label_smoothed_
 for keep in $KEEP; do
   k=$(heads "$keep")
   echo "== 1/5 DSP joint and STE, keep $k heads ($keep%)"
-  train "dsp-joint-$keep" "$MODEL" "$UPDATES" "${SUBSET[@]}" --subset-heads "$k" \
+  demo_train "dsp-joint-$keep" "$MODEL" "$UPDATES" "${SUBSET[@]}" --subset-heads "$k" \
     --subset-anneal-updates "$UPDATES"
   from_gates "dsp-joint-$keep" "dsp-joint-$keep"
   row "dsp-joint-$keep" dsp-joint "$keep" "joint, $UPDATES updates"
-  train "dsp-ste-$keep" "$MODEL" "$UPDATES" "${SUBSET[@]}" --subset-heads "$k" --subset-ste
+  demo_train "dsp-ste-$keep" "$MODEL" "$UPDATES" "${SUBSET[@]}" --subset-heads "$k" --subset-ste
   from_gates "dsp-ste-$keep" "dsp-ste-$keep"
   row "dsp-ste-$keep" dsp-ste "$keep" "joint STE, $UPDATES updates"
 
   echo "== 2/5 DSP pipelined, keep $k heads ($keep%)"
-  train "dsp-pipelined-$keep" "$MODEL" "$PIPE_UPDATES" "${SUBSET[@]}" --subset-heads "$k" \
+  demo_train "dsp-pipelined-$keep" "$MODEL" "$PIPE_UPDATES" "${SUBSET[@]}" --subset-heads "$k" \
     --head-gates-only --subset-anneal-updates "$PIPE_UPDATES"
   from_gates "dsp-pipelined-$keep" "dsp-pipelined-$keep"
   row "dsp-pipelined-$keep" dsp-pipelined "$keep" "logits $PIPE_UPDATES updates, model frozen"
-  train "dsp-pipelined-ft-$keep" "$OUT/pruned/dsp-pipelined-$keep.pt" "$UPDATES" \
+  demo_train "dsp-pipelined-ft-$keep" "$OUT/pruned/dsp-pipelined-$keep.pt" "$UPDATES" \
     --criterion label_smoothed_cross_entropy
   [ -f "$OUT/pruned/dsp-pipelined-ft-$keep.pt" ] || cp \
     "$OUT/runs/dsp-pipelined-ft-$keep/checkpoint_last.pt" "$OUT/pruned/dsp-pipelined-ft-$keep.pt"
@@ -91,7 +79,7 @@ for keep in $KEEP; do
 done
 
 echo "== 3/5 Voita: one Hard Concrete run, the K largest gates kept"
-train voita "$MODEL" "$UPDATES" --head-gates hard_concrete --head-gates-lr "$GATE_LR" \
+demo_train voita "$MODEL" "$UPDATES" --head-gates hard_concrete --head-gates-lr "$GATE_LR" \
   --criterion l0_label_smoothed_cross_entropy --l0-lambda "$VOITA_LAMBDA"
 for keep in $KEEP; do
   from_gates "voita-top-k-$keep" voita --keep-heads "$(heads "$keep")"

@@ -41,17 +41,9 @@ demo_inputs
 MANIFEST="$OUT/runs.tsv"                  # label, method, setting: the table's rows
 : > "$MANIFEST.new"
 
-train() {  # name restore updates args...: fairseq-train from a checkpoint, once
-  local name="$1" restore="$2" updates="$3"; shift 3
-  local dir="$OUT/runs/$name"
-  if [ ! -f "$dir/done" ]; then
-    fairseq-train "$BIN" "${MODEL_ARGS[@]}" "${ARCH_ARGS[@]}" --restore-file "$restore" \
-      --reset-optimizer --reset-dataloader --reset-meters --reset-lr-scheduler \
-      --max-update "$updates" --save-dir "$dir" --no-epoch-checkpoints --disable-validation \
-      "${DEVICE_ARGS[@]}" "$@"
-    touch "$dir/done"
-  fi
-  [ -f "$OUT/pruned/$name.pt" ] || cp "$dir/checkpoint_last.pt" "$OUT/pruned/$name.pt"
+train() {  # name restore updates args...: demo_train, then the run's model as $OUT/pruned/name.pt
+  demo_train "$@"
+  [ -f "$OUT/pruned/$1.pt" ] || cp "$OUT/runs/$1/checkpoint_last.pt" "$OUT/pruned/$1.pt"
 }
 
 vote_and_prune() {  # name from: Voting-to-Stay on the valid split, C heads kept per module

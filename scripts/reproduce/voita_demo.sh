@@ -32,17 +32,10 @@ MANIFEST="$OUT/runs.tsv"                  # label, method, types, setting: the t
 
 finetune() {  # name types extra-criterion-args...
   local name="$1" types="$2"; shift 2
-  local dir="$OUT/runs/$name"
-  if [ ! -f "$dir/done" ]; then
-    fairseq-train "$BIN" "${MODEL_ARGS[@]}" "${ARCH_ARGS[@]}" --restore-file "$MODEL" \
-      --reset-optimizer --reset-dataloader --reset-meters --reset-lr-scheduler \
-      --head-gates hard_concrete --head-gates-types "$types" --head-gates-lr "$GATE_LR" \
-      --criterion l0_label_smoothed_cross_entropy "$@" --max-update "$UPDATES" \
-      --save-dir "$dir" --no-epoch-checkpoints --disable-validation "${DEVICE_ARGS[@]}"
-    touch "$dir/done"
-  fi
+  demo_train "$name" "$MODEL" "$UPDATES" --head-gates hard_concrete --head-gates-types "$types" \
+    --head-gates-lr "$GATE_LR" --criterion l0_label_smoothed_cross_entropy "$@"
   [ -f "$OUT/pruned/$name.pt" ] || \
-    fairseq-headprune prune --from-gates "$dir/checkpoint_last.pt" -o "$OUT/pruned/$name.pt"
+    fairseq-headprune prune --from-gates "$OUT/runs/$name/checkpoint_last.pt" -o "$OUT/pruned/$name.pt"
 }
 
 counts() {  # label -> E:n,D:n,A:n of its evaluated checkpoint
@@ -61,13 +54,7 @@ evaluate() {
 echo "== 0/4 control: the same fine-tuning without gates (the demo model is under-trained, so"
 echo "      extra updates alone raise BLEU; compare the gated runs with this row)"
 name="finetune-no-gates"
-if [ ! -f "$OUT/runs/$name/done" ]; then
-  fairseq-train "$BIN" "${MODEL_ARGS[@]}" "${ARCH_ARGS[@]}" --restore-file "$MODEL" \
-    --reset-optimizer --reset-dataloader --reset-meters --reset-lr-scheduler \
-    --criterion label_smoothed_cross_entropy --max-update "$UPDATES" \
-    --save-dir "$OUT/runs/$name" --no-epoch-checkpoints --disable-validation "${DEVICE_ARGS[@]}"
-  touch "$OUT/runs/$name/done"
-fi
+demo_train "$name" "$MODEL" "$UPDATES" --criterion label_smoothed_cross_entropy
 [ -f "$OUT/pruned/$name.pt" ] || cp "$OUT/runs/$name/checkpoint_last.pt" "$OUT/pruned/$name.pt"
 printf '%s\tcontrol\t-\tfine-tuned, no gates\n' "$name" >> "$MANIFEST.new"
 
