@@ -111,10 +111,14 @@ def _dead_pid():
 def test_ctrl_c_is_one_line_and_exit_130(headprune_checkpoint, data_dir, importance_file,
                                          tmp_path):
     args, _ = commands(data_dir, headprune_checkpoint, importance_file, str(tmp_path))["sweep"]
+    levels = ",".join(f"{i / 40:g}" for i in range(40))  # enough work left after the first row
+    args = [levels if a == "0,0.25,0.5" else a for a in args]
+    args[args.index("--max-sentences") + 1] = "24"
     proc = subprocess.Popen([os.path.join(BIN, "fairseq-headprune"), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while not (tmp_path / "results.json").exists() and proc.poll() is None:
         time.sleep(0.05)
+    assert proc.poll() is None, "the sweep finished before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
