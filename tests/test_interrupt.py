@@ -6,6 +6,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -111,10 +112,18 @@ def _dead_pid():
 def test_ctrl_c_is_one_line_and_exit_130(headprune_checkpoint, data_dir, importance_file,
                                          tmp_path):
     args, _ = commands(data_dir, headprune_checkpoint, importance_file, str(tmp_path))["sweep"]
-    levels = ",".join(f"{i / 40:g}" for i in range(40))  # enough work left after the first row
-    args = [levels if a == "0,0.25,0.5" else a for a in args]
-    args[args.index("--max-sentences") + 1] = "24"
-    proc = subprocess.Popen([os.path.join(BIN, "fairseq-headprune"), *args],
+    # the console script's main, with each decode slowed down: the tiny model's decodes take
+    # milliseconds, and a sweep that ends before the signal arrives proves nothing
+    slow = ("import sys, time\n"
+            "import fairseq_headprune.evaluation.sweep as sweep\n"
+            "real = sweep.translate\n"
+            "def translate(*a, **k):\n"
+            "    time.sleep(1.0)\n"
+            "    return real(*a, **k)\n"
+            "sweep.translate = translate\n"
+            "from fairseq_headprune.cli import main\n"
+            "main(sys.argv[1:])\n")
+    proc = subprocess.Popen([sys.executable, "-c", slow, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while not (tmp_path / "results.json").exists() and proc.poll() is None:
         time.sleep(0.05)
