@@ -114,7 +114,10 @@ def test_ctrl_c_is_one_line_and_exit_130(headprune_checkpoint, data_dir, importa
     args, _ = commands(data_dir, headprune_checkpoint, importance_file, str(tmp_path))["sweep"]
     # the console script's main, with each decode slowed down: the tiny model's decodes take
     # milliseconds, and a sweep that ends before the signal arrives proves nothing
-    slow = ("import sys, time\n"
+    # a shell starts background jobs with SIGINT ignored, and Python keeps an inherited SIG_IGN:
+    # restore the handler a terminal user has
+    slow = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "import fairseq_headprune.evaluation.sweep as sweep\n"
             "real = sweep.translate\n"
             "def translate(*a, **k):\n"
