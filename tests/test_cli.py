@@ -210,7 +210,7 @@ def test_an_empty_head_spec_is_refused(heads, headprune_checkpoint, tmp_path):
     ([0, 1, 2, 9], "it names head 10 of 4"),
     ([0, 0, 1, 2], "it names a head twice"),
     ([1, 0, 2, 3], "its heads are not in ascending order"),
-    ([0, 1], "it lists 2 heads but q_proj holds 16 rows (4 heads of 4)"),
+    ([0, 1], "it lists 2 heads but v_proj holds 16 rows (4 heads of 4)"),
 ])
 def test_a_corrupt_kept_heads_buffer_is_refused(kept, problem, headprune_checkpoint, data_dir,
                                                 tmp_path):

@@ -1,7 +1,8 @@
-"""Subcommands that read and write checkpoints: ``convert``, ``prune``, ``fold``, ``inspect``."""
+"""Subcommands that read and write checkpoints: ``convert``, ``prune``, ``fold``, ``collab``,
+``inspect``."""
 
 from fairseq_headprune.cli.common import (
-    count, file_size, refuse_overwrite)
+    count, file_size, refuse_overwrite, types_arg)
 
 
 def print_parameters(report):
@@ -60,6 +61,25 @@ def cmd_fold(args):
     print_parameters(r)
 
 
+def cmd_collab(args):
+    from fairseq_headprune.io import check_writable as check, write_json
+    from fairseq_headprune.methods.collab import collab_checkpoint
+
+    refuse_overwrite(args, args.path)
+    if args.report:
+        check(args.report, "--report")
+    r = collab_checkpoint(args.path, args.output, args.key_dim, args.types, args.seed,
+                          args.cp_iters, args.cp_init)
+    print(f"collaborative attention (key size {r['key_dim']}) on {r['types']}: "
+          f"{args.path} -> {args.output}")
+    print("module  heads  full key size  relative reconstruction error")
+    for m in r["modules"]:
+        print(f"{m['module']:<6}  {m['heads']:>5}  {m['full']:>13}  {m['error']:.6f}")
+    print_parameters(r)
+    if args.report:
+        write_json(args.report, r)
+
+
 def cmd_inspect(args):
     from fairseq_headprune.heads.layout import TYPE_NAMES
     from fairseq_headprune.model.gates import module_key
@@ -116,6 +136,29 @@ def add_parsers(sub):
                         "fork's --num-of-heads); default: every head whose gate is not 0")
     p.add_argument("-o", "--output", required=True, help="pruned checkpoint to write")
     p.set_defaults(func=cmd_fold)
+
+    p = sub.add_parser(
+        "collab", help="re-parametrise attention as collaborative attention (Cordonnier et al. "
+                       "2020): heads share query/key projections of --key-dim dimensions, from "
+                       "a CP decomposition of each module's query-key products; no retraining")
+    p.add_argument("--path", required=True, help="transformer_headprune checkpoint (pruned or not)")
+    p.add_argument("--key-dim", type=int, required=True, metavar="N",
+                   help="shared query/key size D~k, from 1 to heads x head_dim (the full size, "
+                        "exact without decomposition)")
+    p.add_argument("--types", type=types_arg, default="EDA",
+                   help="attention types to re-parametrise: E encoder self, D decoder self, A "
+                        "encoder-decoder (default: %(default)s; the authors do encoders only)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random state of the CP initialisation (default: %(default)s)")
+    p.add_argument("--cp-iters", type=count, default=100,
+                   help="ALS iterations at most (default: %(default)s, tensorly's and the authors')")
+    p.add_argument("--cp-init", choices=("random", "svd"), default="random",
+                   help="CP initialisation (default: %(default)s, the authors')")
+    p.add_argument("--report", metavar="JSON",
+                   help="also write the per-module reconstruction errors here (they are always "
+                        "stored in the checkpoint, key 'headprune_collab')")
+    p.add_argument("-o", "--output", required=True, help="collaborative checkpoint to write")
+    p.set_defaults(func=cmd_collab)
 
     p = sub.add_parser("inspect", help="print the head layout (and gate values) of a checkpoint")
     p.add_argument("--path", required=True, help="transformer_headprune checkpoint")

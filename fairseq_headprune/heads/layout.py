@@ -40,7 +40,7 @@ def attention_modules(model: nn.Module) -> Iterator[Tuple[str, int, nn.Module]]:
 
 def check_kept(kept: List[int], heads: int, rows: int, head_dim: int, where: str):
     """One sentence unless ``kept`` (a ``kept_heads`` buffer) lists distinct original heads in
-    ascending order, each in ``range(heads)``, one per ``head_dim`` rows of ``q_proj``."""
+    ascending order, each in ``range(heads)``, one per ``head_dim`` rows of ``v_proj``."""
     problem = None
     if any(h < 0 or h >= heads for h in kept):
         problem = f"it names head {max(kept) + 1} of {heads}"
@@ -49,7 +49,7 @@ def check_kept(kept: List[int], heads: int, rows: int, head_dim: int, where: str
     elif kept != sorted(kept):
         problem = "its heads are not in ascending order"
     elif head_dim and rows != len(kept) * head_dim:
-        problem = (f"it lists {len(kept)} heads but q_proj holds {rows} rows "
+        problem = (f"it lists {len(kept)} heads but v_proj holds {rows} rows "
                    f"({rows / head_dim:g} heads of {head_dim})")
     if problem:
         raise HeadPruneError(f"{where}: the kept_heads buffer is corrupt: {problem}.")

@@ -27,6 +27,15 @@ def gate_active(gate: Gate) -> bool:
     return gate is not None and getattr(gate, "active", True)
 
 
+# (state-dict name, dim, entries per head: None for head_dim) of every tensor of an attention
+# module whose slices along dim belong to one head each; removal deletes a head's slices.
+HEAD_PARAMS = (
+    ("q_proj.weight", 0, None), ("q_proj.bias", 0, None), ("k_proj.weight", 0, None),
+    ("k_proj.bias", 0, None), ("v_proj.weight", 0, None), ("v_proj.bias", 0, None),
+    ("bias_k", 2, None), ("bias_v", 2, None), ("out_proj.weight", 1, None),
+)
+
+
 class MaskedMultiheadAttention(MultiheadAttention):
     """Multi-head attention whose heads can be gated (masked) and removed.
 
@@ -59,6 +68,8 @@ class MaskedMultiheadAttention(MultiheadAttention):
         self.original_num_heads = num_heads
         self.register_buffer("kept_heads", torch.arange(num_heads))
         stock_dropout_names(self, "MultiheadAttention")
+
+    HEAD_PARAMS = HEAD_PARAMS
 
     # fairseq takes F.multi_head_attention_forward, which bypasses out_proj (and so the gate) and
     # needs embed_dim == num_heads * head_dim, unless this flag is set.
@@ -100,33 +111,40 @@ class MaskedMultiheadAttention(MultiheadAttention):
                 f"head index {int(kept[-1]) + 1} is out of range: this attention has "
                 f"{self.original_num_heads} heads."
             )
-        d = self.head_dim
         position = {int(h): i for i, h in enumerate(self.kept_heads.tolist())}
-        for proj in (self.q_proj, self.k_proj, self.v_proj):
-            proj.weight = self._moved(proj.weight, kept, position, dim=0)
-            if proj.bias is not None:
-                proj.bias = self._moved(proj.bias, kept, position, dim=0)
-            proj.out_features = len(kept) * d
-        for name in ("bias_k", "bias_v"):
-            if getattr(self, name) is not None:
-                setattr(self, name, self._moved(getattr(self, name), kept, position, dim=2))
-        self.out_proj.weight = self._moved(self.out_proj.weight, kept, position, dim=1)
-        self.out_proj.in_features = len(kept) * d
+        for owner, name, dim, width in self.head_params():
+            param = getattr(owner, name)
+            if param is not None:
+                setattr(owner, name, self._moved(param, kept, position, dim, width))
+        for proj in self.head_projections():
+            proj.out_features = len(kept) * self.head_dim
+        self.out_proj.in_features = len(kept) * self.head_dim
         self.kept_heads = kept.to(self.kept_heads.device)
         self.num_heads = len(kept)
-        self.embed_dim = len(kept) * d
+        self.embed_dim = len(kept) * self.head_dim
         if isinstance(self.head_gate, torch.Tensor):
             self.head_gate = None
 
-    def _moved(self, param: Tensor, kept: Tensor, position: Dict[int, int], dim: int):
-        d = self.head_dim
+    def head_params(self):
+        """``(owner, attribute, dim, width)`` of every parameter whose slices along ``dim`` belong
+        to one head each, ``width`` entries per head (see :data:`HEAD_PARAMS`)."""
+        for name, dim, width in type(self).HEAD_PARAMS:
+            owner, _, attr = name.rpartition(".")
+            yield (self.get_submodule(owner), attr, dim, width or self.head_dim)
+
+    def head_projections(self):
+        """The input projections with ``head_dim`` output rows per head."""
+        return (self.q_proj, self.k_proj, self.v_proj)
+
+    @staticmethod
+    def _moved(param: Tensor, kept: Tensor, position: Dict[int, int], dim: int, width: int):
         shape = list(param.shape)
-        shape[dim] = len(kept) * d
+        shape[dim] = len(kept) * width
         new = param.new_zeros(shape)
         for i, h in enumerate(kept.tolist()):
             if h in position:
-                src = param.narrow(dim, position[h] * d, d)
-                new.narrow(dim, i * d, d).copy_(src.detach())
+                src = param.narrow(dim, position[h] * width, width)
+                new.narrow(dim, i * width, width).copy_(src.detach())
         return nn.Parameter(new, requires_grad=param.requires_grad)
 
     def forward(
@@ -158,10 +176,10 @@ class MaskedMultiheadAttention(MultiheadAttention):
         prefix = name + "." if name else ""
         key = prefix + "kept_heads"
         if key not in state_dict:
-            q_rows = state_dict[prefix + "q_proj.weight"].size(0)
-            state_dict[key] = torch.arange(q_rows // self.head_dim)
+            v_rows = state_dict[prefix + "v_proj.weight"].size(0)
+            state_dict[key] = torch.arange(v_rows // self.head_dim)
         kept = [int(h) for h in state_dict[key].reshape(-1).tolist()]
-        check_kept(kept, self.original_num_heads, state_dict[prefix + "q_proj.weight"].size(0),
+        check_kept(kept, self.original_num_heads, state_dict[prefix + "v_proj.weight"].size(0),
                    self.head_dim, f"checkpoint module {name}")
         if kept != self.kept_heads.tolist():
             self.set_kept_heads(kept)

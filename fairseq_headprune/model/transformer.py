@@ -22,6 +22,7 @@ from fairseq_headprune.heads.layout import HeadLayout
 from fairseq_headprune.model.gates import (
     GATE_REGISTRY, attach_gates, build_gates, gate_types_arg, gated_heads, gates_of,
     parse_gate_types)
+from fairseq_headprune.model.collaborative import make_collaborative
 from fairseq_headprune.model.layers import HeadPruneDecoder, HeadPruneEncoder
 
 ARCH = "transformer_headprune"
@@ -70,12 +71,26 @@ class HeadPruneTransformerModel(TransformerModel):
             "--head-gates-only", action="store_true",
             help="train the gate parameters alone, every other parameter frozen (DSP's "
                  "pipelined schedule: learn which heads to keep on a converged model)")
+        parser.add_argument(
+            "--collab-key-dim", type=int, metavar="N",
+            help="collaborative attention (Cordonnier et al. 2020) on the types of "
+                 "--collab-types: heads share query/key projections of N dimensions, mixed per "
+                 "head (default: standard attention; 'fairseq-headprune collab' sets it when it "
+                 "re-parametrises a trained model)")
+        parser.add_argument(
+            "--collab-types", type=gate_types_arg, metavar="TYPES", default="E,D,A",
+            help="attention types made collaborative by --collab-key-dim: E encoder self, D "
+                 "decoder self, A encoder-decoder (default: E,D,A)")
         for kind in sorted(GATE_REGISTRY):
             GATE_REGISTRY[kind].add_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
         model = super().build_model(args, task)
+        key_dim = getattr(args, "collab_key_dim", None)
+        if key_dim is not None:
+            make_collaborative(model, parse_gate_types(getattr(args, "collab_types", None)
+                                                       or "E,D,A", "--collab-types"), key_dim)
         if getattr(args, "head_layout", None):
             HeadLayout.from_json(args.head_layout).apply(model)
         model.head_gates = None

@@ -56,7 +56,7 @@ def check_layout(state: dict, path: str):
         layer = 0
         while module_prefix(kind, layer) + "kept_heads" in sd:
             prefix = module_prefix(kind, layer)
-            weight = sd.get(prefix + "q_proj.weight")
+            weight = sd.get(prefix + "v_proj.weight")
             if heads and dim and weight is not None:
                 check_kept([int(h) for h in sd[prefix + "kept_heads"].reshape(-1).tolist()],
                            heads, weight.size(0), dim // heads, f"{path}, {kind}:{layer + 1}")

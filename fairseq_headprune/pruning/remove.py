@@ -2,7 +2,9 @@
 
 Head h of a fairseq attention module owns rows ``h*d:(h+1)*d`` of ``q_proj``, ``k_proj`` and
 ``v_proj`` (weight and bias) and the same columns of ``out_proj.weight``; removing it deletes them
-and the head's entry in ``kept_heads``. ``out_proj.bias`` stays. A checkpoint with a gate module
+and the head's entry in ``kept_heads``. ``out_proj.bias`` stays. A collaborative module (Cordonnier
+et al.) keeps its shared ``q_proj``/``k_proj`` and loses the head's row of ``mixing`` and
+``content_bias`` instead (the modules' ``HEAD_PARAMS`` tables). A checkpoint with a gate module
 (``--head-gates``) is folded first (:mod:`fairseq_headprune.pruning.fold`).
 """
 
@@ -13,6 +15,8 @@ import torch
 
 from fairseq_headprune.heads.layout import HeadLayout, module_prefix
 from fairseq_headprune.heads.spec import HeadSpec, check_spec
+from fairseq_headprune.model.attention import MaskedMultiheadAttention
+from fairseq_headprune.model.collaborative import CollaborativeAttention
 from fairseq_headprune.pruning.checkpoint import (
     checkpoint_layout,
     count_parameters,
@@ -25,12 +29,10 @@ from fairseq_headprune.pruning.checkpoint import (
 
 logger = logging.getLogger(__name__)
 
-_ROW_SLICED = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias",
-               "v_proj.weight", "v_proj.bias")
 
 
-def _index(keep: List[int], head_dim: int) -> torch.Tensor:
-    return torch.tensor([p * head_dim + i for p in keep for i in range(head_dim)], dtype=torch.long)
+def _index(keep: List[int], width: int) -> torch.Tensor:
+    return torch.tensor([p * width + i for p in keep for i in range(width)], dtype=torch.long)
 
 
 def remove_module_heads(state_dict: Dict[str, torch.Tensor], prefix: str, heads: List[int]) -> int:
@@ -47,16 +49,13 @@ def remove_module_heads(state_dict: Dict[str, torch.Tensor], prefix: str, heads:
     keep = [pos for pos, h in enumerate(kept) if h not in heads]
     if len(keep) == len(kept):
         return 0
-    head_dim = state_dict[prefix + "q_proj.weight"].size(0) // len(kept)
-    rows = _index(keep, head_dim)
-    for name in _ROW_SLICED:
+    head_dim = state_dict[prefix + "v_proj.weight"].size(0) // len(kept)
+    table = (CollaborativeAttention if prefix + "mixing" in state_dict
+             else MaskedMultiheadAttention).HEAD_PARAMS
+    for name, dim, width in table:
         if prefix + name in state_dict:
-            state_dict[prefix + name] = state_dict[prefix + name].index_select(0, rows).clone()
-    for name in ("bias_k", "bias_v"):
-        if prefix + name in state_dict:
-            state_dict[prefix + name] = state_dict[prefix + name].index_select(2, rows).clone()
-    out = prefix + "out_proj.weight"
-    state_dict[out] = state_dict[out].index_select(1, rows).clone()
+            rows = _index(keep, width or head_dim)
+            state_dict[prefix + name] = state_dict[prefix + name].index_select(dim, rows).clone()
     state_dict[prefix + "kept_heads"] = torch.tensor([kept[p] for p in keep], dtype=torch.long)
     return len(kept) - len(keep)
 
