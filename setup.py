@@ -21,6 +21,9 @@ setup(
         "tqdm",
         "matplotlib",
         "polib",  # parses .mo and .po gettext catalogs for the embedded corpus
+        # CP decomposition for collaborative attention (Cordonnier et al. 2020), on its PyTorch
+        # backend, as the authors; pinned: parafac's defaults are part of the method
+        "tensorly==0.10.0",
     ],
     extras_require={"test": ["pytest"]},
     entry_points={"console_scripts": ["fairseq-headprune = fairseq_headprune.cli:main"]},

@@ -134,6 +134,7 @@ def sha256(path):
     ("convert", ["--path", "{ckpt}"]),
     ("prune", ["--path", "{ckpt}", "--heads", "E:1:1"]),
     ("fold", ["--path", "{ckpt}"]),
+    ("collab", ["--path", "{ckpt}", "--key-dim", "8"]),
     ("importance", ["{data}", "--path", "{ckpt}"]),
     ("vote", ["{data}", "--path", "{ckpt}"]),
     ("correlate", ["--importance", "{imp}", "{imp}"]),
@@ -205,6 +206,7 @@ def test_bad_input_through_stock_fairseq_validate(override, extra, message, head
 COMMANDS_WITH_A_CHECKPOINT = {
     "prune": ["--path", "{bad}", "--heads", "E:1:1", "-o", "{out}/x.pt"],
     "fold": ["--path", "{bad}", "-o", "{out}/x.pt"],
+    "collab": ["--path", "{bad}", "--key-dim", "8", "-o", "{out}/x.pt"],
     "inspect": ["--path", "{bad}"],
     "importance": ["{data}", "--path", "{bad}", "-o", "{out}/x.json"],
     "vote": ["{data}", "--path", "{bad}", "-o", "{out}/x.json"],

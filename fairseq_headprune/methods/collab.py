@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.heads.layout import TYPE_NAMES, module_prefix
-from fairseq_headprune.model.collaborative import concatenate_mixing
+from fairseq_headprune.model.collaborative import collaborative_types, concatenate_mixing
 from fairseq_headprune.model.gates import parse_gate_types
 from fairseq_headprune.pruning.checkpoint import (
     checkpoint_layout, count_parameters, load_checkpoint, require_headprune, save_checkpoint,
@@ -122,10 +122,11 @@ def collab_checkpoint(path: str, output: str, key_dim: int, types: str = "E,D,A"
     """
     state = load_checkpoint(path)
     args = require_headprune(state, path)
-    if getattr(args, "collab_key_dim", None) is not None:
-        raise HeadPruneError(
-            f"{path} is already collaborative (key size {args.collab_key_dim} on "
-            f"{args.collab_types}): re-parametrise the original checkpoint instead.")
+    done = collaborative_types(state["model"])
+    if done:
+        what = "; ".join(f"key size {k} on {','.join(t)}" for k, t in done.items())
+        raise HeadPruneError(f"{path} is already collaborative ({what}): re-parametrise the "
+                             f"original checkpoint instead.")
     types = parse_gate_types(types, "--types")
     layout = checkpoint_layout(state)
     missing = [k for k in types if not layout.num_layers(k)]

@@ -10,7 +10,7 @@ from fairseq.modules.quant_noise import quant_noise
 from torch import Tensor
 
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.heads.layout import ATTENTION_TYPES, attention_modules
+from fairseq_headprune.heads.layout import ATTENTION_TYPES, attention_modules, module_prefix
 from fairseq_headprune.model.attention import MaskedMultiheadAttention
 
 # The shared projections q_proj/k_proj belong to no head; mixing and content_bias have one row
@@ -127,7 +127,7 @@ class CollaborativeAttention(MaskedMultiheadAttention):
             key = value = query
         elif self.encoder_decoder_attention and key is not None and self.beam_size > 1 \
                 and bsz == key.size(1):  # T x (B*beam) x C -> T x B x C, as fairseq
-            key = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0]
+            key = value = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0]
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask.view(
                     -1, self.beam_size, key_padding_mask.size(1))[:, 0]
@@ -187,12 +187,29 @@ class CollaborativeAttention(MaskedMultiheadAttention):
         super().upgrade_state_dict_named(state_dict, name)
 
 
+def collaborative_types(state_dict, name: str = "") -> Dict[int, str]:
+    """``{key_dim: types}`` of the attention modules that are collaborative in a state dict
+    (``name``: the model's prefix in it), e.g. ``{32: "EDA"}``."""
+    found: Dict[int, str] = {}
+    prefix = name + "." if name else ""
+    for kind in ATTENTION_TYPES:
+        layer = 0
+        while prefix + module_prefix(kind, layer) + "v_proj.weight" in state_dict:
+            key = prefix + module_prefix(kind, layer)
+            if key + "mixing" in state_dict:
+                key_dim = state_dict[key + "q_proj.weight"].size(0)
+                if kind not in found.get(key_dim, ""):
+                    found[key_dim] = found.get(key_dim, "") + kind
+            layer += 1
+    return found
+
+
 def make_collaborative(model: nn.Module, types: str, key_dim: int):
     """Replace the attention modules of ``types`` (letters of E, D, A) of a fairseq Transformer
     by collaborative ones with shared key size ``key_dim`` (fresh parameters: a checkpoint's
     state dict, or training, fills them)."""
     for kind, layer, module in list(attention_modules(model)):
-        if kind in types:
+        if kind in types and not isinstance(module, CollaborativeAttention):
             stack, attr = ATTENTION_TYPES[kind]
             setattr(getattr(model, stack).layers[layer], attr,
                     CollaborativeAttention.like(module, key_dim))

@@ -22,7 +22,7 @@ from fairseq_headprune.heads.layout import HeadLayout
 from fairseq_headprune.model.gates import (
     GATE_REGISTRY, attach_gates, build_gates, gate_types_arg, gated_heads, gates_of,
     parse_gate_types)
-from fairseq_headprune.model.collaborative import make_collaborative
+from fairseq_headprune.model.collaborative import collaborative_types, make_collaborative
 from fairseq_headprune.model.layers import HeadPruneDecoder, HeadPruneEncoder
 
 ARCH = "transformer_headprune"
@@ -123,6 +123,14 @@ class HeadPruneTransformerModel(TransformerModel):
         if gates is not None:
             gates.reset()
         return super().forward(*args, **kwargs)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Make the attention modules that are collaborative in ``state_dict`` collaborative here
+        too (a fine-tuned collaborative checkpoint need not carry ``--collab-key-dim``: fairseq
+        saves the command line's options), then let each module adopt its head layout."""
+        for key_dim, types in collaborative_types(state_dict, name).items():
+            make_collaborative(self, types, key_dim)
+        super().upgrade_state_dict_named(state_dict, name)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
