@@ -37,6 +37,19 @@ def test_kv_cache_hand_computed():
         (2 * 2 * 5 * 4 + 2 * 2 * 2 * 7) * 4
 
 
+def test_collaborative_cost_hand_computed():
+    """Encoder self-attention collaborative with R = 3 (C=4, 2 heads of 2, S=3): per token
+    q 3 + k 3 + content bias 2 + v/out 2*4 columns of C, mixing 2*3, per pair 2*3 scores + 4."""
+    lay = layout([0, 1], [0, 1], [0, 1])
+    standard = decode_macs(lay, ARGS, vocab=10, src_len=3, tgt_len=2, beam=1)
+    collab = decode_macs(lay, ARGS, vocab=10, src_len=3, tgt_len=2, beam=1, key_dims={"E": 3})
+    assert collab - standard == 3 * (4 * (3 + 5 + 8) + 2 * 3 + (6 + 4) * 3) - 3 * (64 + 24)
+    # cache: D (1 head) R 3 + 1 content bias + 2 values per position, 5 steps x beam 4;
+    # A (2 heads) 3 + 2 + 4 per source position, 7 positions
+    assert kv_cache_bytes(layout([0], [1], [0, 1]), ARGS, src_len=7, tgt_len=5, beam=4,
+                          key_dims={"D": 3, "A": 3}) == ((3 + 1 + 2) * 20 + (3 + 2 + 4) * 7) * 4
+
+
 def test_bench_side_by_side(headprune_checkpoint, data_dir, tmp_path):
     pruned = str(tmp_path / "p.pt")
     run(["fairseq-headprune", "prune", "--path", headprune_checkpoint, "--heads",

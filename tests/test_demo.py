@@ -1,5 +1,5 @@
-"""The offline demo and the Voita, DSP and GHA reproductions in their QUICK modes, end to end
-(tiny model)."""
+"""The offline demo and the Voita, DSP, GHA and collaborative-attention reproductions in their
+QUICK modes, end to end (tiny model)."""
 
 import csv
 import json
@@ -94,3 +94,14 @@ def test_quick_demo_and_reproductions(tmp_path):
     for mode in ("token", "sentence", "batch"):
         with open(os.path.join(demo, "importance_modes", f"{mode}.json")) as f:
             assert json.load(f)["absolute"] == mode
+
+    sh("scripts/reproduce/collab_demo.sh", DEMO=demo)  # QUICK: E,D,A at D~k 32 (full) and 8
+    with open(os.path.join(demo, "collab", "collab.json")) as f:
+        rows = {r["label"]: r for r in json.load(f)["rows"]}
+    assert set(rows) == {"unpruned", "EDA-32", "EDA-32-ft", "EDA-8", "EDA-8-ft", "control"}
+    assert rows["EDA-32"]["bleu"] == rows["unpruned"]["bleu"]  # exact at the full size
+    assert rows["EDA-32"]["cp_error"] == 0 and 0 < rows["EDA-8"]["cp_error"] < 1
+    assert rows["EDA-8"]["params"] < rows["unpruned"]["params"] < rows["EDA-32"]["params"]
+    bench = rows["EDA-8"]["bench"]
+    assert [b["batch_size"] for b in bench["rows"]] == [1, 8] and bench["kv_cache_ratio"] < 1
+    assert rows["EDA-32"]["bench"]["kv_cache_ratio"] > 1  # + one content bias per head

@@ -6,6 +6,7 @@ from typing import Dict, List, Optional, Sequence
 from fairseq_headprune.evaluation.cost import decode_macs, kv_cache_bytes
 from fairseq_headprune.evaluation.decode import load_model, translate
 from fairseq_headprune.heads.layout import HeadLayout
+from fairseq_headprune.model.collaborative import key_dims
 
 logger = logging.getLogger(__name__)
 
@@ -57,14 +58,16 @@ def run_bench(data: str, full_path: str, pruned_path: str, subset: str = "test",
     report = {"subset": subset, "beam": beam, "device": device, "src_len": round(src_len, 2),
               "tgt_len": round(tgt_len, 2), "fixed_length": fixed_length, "rows": rows}
     for name, (model, _) in models.items():
-        layout = HeadLayout.from_model(model)
+        layout, collab = HeadLayout.from_model(model), key_dims(model)
         report[name] = {
             "parameters": sum(p.numel() for p in model.parameters()),
             "heads": layout.count(),
+            "collab_key_dims": collab,
             "kv_cache_bytes_per_sentence": round(kv_cache_bytes(
-                layout, model.args, src_len, tgt_len, beam)),
+                layout, model.args, src_len, tgt_len, beam, key_dims=collab)),
             "macs_per_sentence": round(decode_macs(
-                layout, model.args, len(task.target_dictionary), src_len, tgt_len, beam))}
+                layout, model.args, len(task.target_dictionary), src_len, tgt_len, beam,
+                key_dims=collab))}
     report["ideal_speedup"] = round(report["full"]["macs_per_sentence"]
                                     / report["pruned"]["macs_per_sentence"], 3)
     report["parameter_ratio"] = round(report["pruned"]["parameters"] / report["full"]["parameters"], 3)

@@ -2,7 +2,8 @@
 
 Each checkpoint (unpruned, pruned by any method, folded from gates) is decoded with fairseq's
 generator on the same sentences and scored with sacrebleu; one row per checkpoint with its label,
-heads kept per attention type, parameters, BLEU and the sacrebleu signature. Rows are written
+heads kept per attention type, parameters, BLEU and the sacrebleu signature, and the time the
+decoding took (free lengths, batches of ``max_tokens``: a rough speed; ``bench`` measures it). Rows are written
 atomically as they finish; a rerun with the same settings skips checkpoints already scored (a
 checkpoint rewritten since is scored again).
 """
@@ -53,6 +54,8 @@ def evaluate_checkpoints(data: str, paths: Sequence[str], output: str,
                                      for k in layout.kept},
                      "params": sum(p.numel() for p in model.parameters()),
                      "bleu": round(bleu, 2), "signature": signature,
-                     "sentences": len(result.references)})
+                     "sentences": len(result.references),
+                     "decode_seconds": round(result.seconds, 2),
+                     "sentences_per_s": round(len(result.references) / result.seconds, 2)})
         write_json(output, {"config": config, "rows": rows})
     return rows

@@ -121,11 +121,20 @@ def markdown(path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _read_json(path: str):
+    if os.path.isdir(path):
+        return {name[:-len(".json")]: _read_json(os.path.join(path, name))
+                for name in sorted(os.listdir(path)) if name.endswith(".json")}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def table_main(doc: str, name: str, columns, build, plot_fn, markdown_fn, paper, source,
                inputs: Dict[str, str] = None):
     """The command line of a result table: evaluate rows + manifest -> ``NAME.json``,
     ``NAME.csv`` (manifest ``columns``), ``NAME.png``, and the Markdown printed. ``inputs``
-    names further JSON files (``--KEY FILE``, required), passed to ``build`` as keywords."""
+    names further JSON inputs (``--KEY PATH``, required; a folder gives ``{file stem: JSON}`` of
+    its ``*.json`` files), passed to ``build`` as keywords."""
     parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("evaluated", help="rows JSON of 'fairseq-headprune evaluate'")
@@ -134,10 +143,7 @@ def table_main(doc: str, name: str, columns, build, plot_fn, markdown_fn, paper,
     for key, help_text in (inputs or {}).items():
         parser.add_argument("--" + key, required=True, help=help_text)
     opts = parser.parse_args()
-    extra = {}
-    for key in inputs or {}:
-        with open(getattr(opts, key), encoding="utf-8") as f:
-            extra[key] = json.load(f)
+    extra = {key: _read_json(getattr(opts, key)) for key in inputs or {}}
     with open(opts.evaluated, encoding="utf-8") as f:
         evaluated = json.load(f)
     with open(opts.manifest, encoding="utf-8") as f:

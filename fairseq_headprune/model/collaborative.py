@@ -211,5 +211,12 @@ def make_collaborative(model: nn.Module, types: str, key_dim: int):
     for kind, layer, module in list(attention_modules(model)):
         if kind in types and not isinstance(module, CollaborativeAttention):
             stack, attr = ATTENTION_TYPES[kind]
+            like = module.v_proj.weight  # a model already on its device / in its dtype
             setattr(getattr(model, stack).layers[layer], attr,
-                    CollaborativeAttention.like(module, key_dim))
+                    CollaborativeAttention.like(module, key_dim).to(like.device, like.dtype))
+
+
+def key_dims(model: nn.Module) -> Dict[str, int]:
+    """``{type: shared key size}`` of the collaborative attention types of a model."""
+    return {kind: module.key_dim for kind, _, module in attention_modules(model)
+            if isinstance(module, CollaborativeAttention)}
