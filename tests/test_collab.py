@@ -10,7 +10,7 @@ from conftest import (
     TINY_MODEL, TRAIN, USER_DIR, assert_same_hypotheses, batch, beam_search, cli, load, run)
 from fairseq.modules import MultiheadAttention
 
-from fairseq_headprune.heads.layout import module_prefix
+from fairseq_headprune.heads.layout import attention_modules, module_prefix
 from fairseq_headprune.methods.collab import qk_tensor, reparametrise_module, cp_factors
 from fairseq_headprune.model.collaborative import CollaborativeAttention, concatenate_mixing
 from fairseq_headprune.pruning.remove import remove_module_heads
@@ -270,3 +270,32 @@ def test_already_collaborative_is_refused(collab_full, tmp_path, capsys):
     assert err.strip().splitlines()[-1] == (
         f"fairseq-headprune collab: error: {collab_full} is already collaborative (key size 16 "
         f"on E,D,A): re-parametrise the original checkpoint instead.")
+
+
+def test_train_from_scratch_with_collaborative_attention(data_dir, tmp_path):
+    """--collab-key-dim in stock fairseq-train: E and A collaborative, D standard."""
+    save = tmp_path / "scratch"
+    run(["fairseq-train", data_dir, "--user-dir", USER_DIR, "--arch", "transformer_headprune",
+         *TINY_MODEL, *TRAIN, "--max-update", "2", "--save-dir", str(save),
+         "--no-epoch-checkpoints", "--collab-key-dim", "6", "--collab-types", "E,A"])
+    model, _ = load(str(save / "checkpoint_last.pt"), data_dir)
+    kinds = {kind: type(m).__name__ for kind, _, m in attention_modules(model)}
+    assert kinds == {"E": "CollaborativeAttention", "D": "MaskedMultiheadAttention",
+                     "A": "CollaborativeAttention"}
+    assert model.decoder.layers[1].encoder_attn.k_proj.weight.shape == (6, 16)
+
+
+def test_a_zero_key_size_is_refused_by_fairseq_train(data_dir, tmp_path):
+    proc = run(["fairseq-train", data_dir, "--user-dir", USER_DIR, "--arch",
+                "transformer_headprune", *TINY_MODEL, *TRAIN, "--max-update", "1", "--save-dir",
+                str(tmp_path / "x"), "--collab-key-dim", "0"], check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "the collaborative key size must be at least 1, not 0.")
+    assert not (tmp_path / "x" / "checkpoint_last.pt").exists()
+
+
+def test_inspect_names_the_collaborative_types(collab_full):
+    out = run(["fairseq-headprune", "inspect", "--path", collab_full]).stdout.splitlines()
+    assert out[1] == ("collaborative attention (Cordonnier et al.) on E,D,A: shared query/key "
+                      "size 16")

@@ -82,6 +82,7 @@ def cmd_collab(args):
 
 def cmd_inspect(args):
     from fairseq_headprune.heads.layout import TYPE_NAMES
+    from fairseq_headprune.model.collaborative import collaborative_types
     from fairseq_headprune.model.gates import module_key
     from fairseq_headprune.pruning.checkpoint import (
         checkpoint_layout, count_parameters, load_checkpoint, require_headprune)
@@ -94,6 +95,9 @@ def cmd_inspect(args):
     values = gates.eval_values() if gates is not None else {}
     print(f"{args.path}: {count_parameters(state['model']):,} parameters, "
           f"{layout.count()} heads kept")
+    for key_dim, types in collaborative_types(state["model"]).items():
+        print(f"collaborative attention (Cordonnier et al.) on {','.join(types)}: shared "
+              f"query/key size {key_dim}")
     if gates is not None:
         types = "".join(k for k in TYPE_NAMES if any(key[0] == k for key in gates.heads))
         print(f"head gates: {gates.kind} on {types} (evaluation value per kept head; "

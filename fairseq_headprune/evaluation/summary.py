@@ -5,7 +5,7 @@ import json
 import os
 from typing import Dict, Optional
 
-from fairseq_headprune.evaluation import budget_table, gha_table, head_table
+from fairseq_headprune.evaluation import budget_table, collab_table, gha_table, head_table
 from fairseq_headprune.heads.layout import TYPE_NAMES
 from fairseq_headprune.io import write_text
 
@@ -100,6 +100,13 @@ def summarize(out_dir: str) -> str:
                      "group constraint, Voting-to-Stay, heads removed and fine-tuned, in their "
                      "Table 1 layout:\n")
         lines.append(gha_table.markdown(gha))
+    collab = os.path.join(out_dir, "collab", "collab.json")
+    if os.path.exists(collab):
+        lines.append("\nCordonnier et al. (2020) collaborative attention re-parametrised from this "
+                     "model (`scripts/reproduce/collab_demo.sh`: `fairseq-headprune collab`, CP "
+                     "decomposition of each module's query-key products), without retraining "
+                     "and after plain fine-tuning, in the layout of their translation table:\n")
+        lines.append(collab_table.markdown(collab))
     return "\n".join(lines) + "\n"
 
 

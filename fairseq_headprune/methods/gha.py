@@ -32,6 +32,7 @@ from torch import Tensor
 from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.heads.layout import HeadLayout, attention_modules
 from fairseq_headprune.heads.scores import HeadImportance, empty_scores, register_scorer
+from fairseq_headprune.model.collaborative import CollaborativeAttention
 from fairseq_headprune.model.gates import module_key, parse_gate_types
 
 FEATURES = ("headout", "V", "attn_matrix", "Q", "K")
@@ -189,6 +190,11 @@ class FeatureTap:
                 self.features[key] = out.view(-1, heads, *out.shape[1:]).transpose(0, 1).reshape(
                     heads, -1)
             return module.dropout_module.register_forward_hook(probs)
+        if self.feature in ("Q", "K") and isinstance(module, CollaborativeAttention):
+            raise HeadPruneError(
+                f"group feature {self.feature} has no per-head value in the collaborative "
+                f"attention of {key} (its queries and keys are shared by the heads): use "
+                f"headout, V or attn_matrix.")
         proj = {"V": module.v_proj, "K": module.k_proj, "Q": module.q_proj}[self.feature]
 
         def projected(mod, args, out):
