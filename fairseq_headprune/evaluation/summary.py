@@ -17,6 +17,30 @@ def _load(path: str) -> Optional[Dict]:
         return json.load(f)
 
 
+# (folder and table name, table module, the sentence before the table) of each reproduction
+REPRODUCTIONS = (
+    ("voita", head_table,
+     "Voita et al. (2019): Hard Concrete gates + L0 fine-tuned from this model "
+     "(`scripts/reproduce/voita_demo.sh`), heads removed with `fold`, beside Michel et al.'s "
+     "ranking at the same head counts (pruned, not fine-tuned, as in their paper) and the same "
+     "fine-tuning without gates (the control row: this small model is under-trained, so extra "
+     "updates alone add BLEU):"),
+    ("dsp", budget_table,
+     "Li et al. (2021) DSP on this model (`scripts/reproduce/dsp_demo.sh`), beside Voita et "
+     "al.'s gates cut to the same K and Michel et al.'s ranking at the same K (pruned, not "
+     "fine-tuned), every pruned model with exactly K heads; BLEU (difference to the unpruned "
+     "model):"),
+    ("gha", gha_table,
+     "Ni et al. (2023) GHA on this model (`scripts/reproduce/gha_demo.sh`): the group "
+     "constraint, Voting-to-Stay, heads removed and fine-tuned, in their Table 1 layout:"),
+    ("collab", collab_table,
+     "Cordonnier et al. (2020) collaborative attention re-parametrised from this model "
+     "(`scripts/reproduce/collab_demo.sh`: `fairseq-headprune collab`, CP decomposition of each "
+     "module's query-key products), without retraining and after plain fine-tuning, in the "
+     "layout of their translation table:"),
+)
+
+
 def summarize(out_dir: str) -> str:
     """Markdown summary of ``corpus.json``, ``sweep/results.json`` and ``bench.json``."""
     corpus = _load(os.path.join(out_dir, "corpus", "corpus.json"))
@@ -78,35 +102,11 @@ def summarize(out_dir: str) -> str:
             layer = ":".join(row["spec"].split(":")[:2])
             n = len(row["spec"].split(":")[2].split(","))
             lines.append(f"| {layer} | {n} | {row['bleu']:.2f} | {row['delta']:+.2f} |")
-    voita = os.path.join(out_dir, "voita", "voita.json")
-    if os.path.exists(voita):
-        lines.append("\nVoita et al. (2019): Hard Concrete gates + L0 fine-tuned from this model "
-                     "(`scripts/reproduce/voita_demo.sh`), heads removed with `fold`, beside "
-                     "Michel et al.'s ranking at the same head counts (pruned, not fine-tuned, "
-                     "as in their paper) and the same fine-tuning without gates (the control "
-                     "row: this small model is under-trained, so extra updates alone add "
-                     "BLEU):\n")
-        lines.append(head_table.markdown(voita))
-    dsp = os.path.join(out_dir, "dsp", "dsp.json")
-    if os.path.exists(dsp):
-        lines.append("\nLi et al. (2021) DSP on this model (`scripts/reproduce/dsp_demo.sh`), "
-                     "beside Voita et al.'s gates cut to the same K and Michel et al.'s ranking "
-                     "at the same K (pruned, not fine-tuned), every pruned model with exactly "
-                     "K heads; BLEU (difference to the unpruned model):\n")
-        lines.append(budget_table.markdown(dsp))
-    gha = os.path.join(out_dir, "gha", "gha.json")
-    if os.path.exists(gha):
-        lines.append("\nNi et al. (2023) GHA on this model (`scripts/reproduce/gha_demo.sh`): the "
-                     "group constraint, Voting-to-Stay, heads removed and fine-tuned, in their "
-                     "Table 1 layout:\n")
-        lines.append(gha_table.markdown(gha))
-    collab = os.path.join(out_dir, "collab", "collab.json")
-    if os.path.exists(collab):
-        lines.append("\nCordonnier et al. (2020) collaborative attention re-parametrised from this "
-                     "model (`scripts/reproduce/collab_demo.sh`: `fairseq-headprune collab`, CP "
-                     "decomposition of each module's query-key products), without retraining "
-                     "and after plain fine-tuning, in the layout of their translation table:\n")
-        lines.append(collab_table.markdown(collab))
+    for name, module, intro in REPRODUCTIONS:
+        path = os.path.join(out_dir, name, name + ".json")
+        if os.path.exists(path):
+            lines.append("\n" + intro + "\n")
+            lines.append(module.markdown(path))
     return "\n".join(lines) + "\n"
 
 
