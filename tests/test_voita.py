@@ -15,7 +15,8 @@ from fairseq_headprune.heads.layout import HeadLayout
 from fairseq_headprune.methods.voita import (
     HardConcreteGates, L0LabelSmoothedCrossEntropy, concrete_eval, concrete_p_open,
     concrete_sample)
-from fairseq_headprune.pruning.checkpoint import load_checkpoint
+from fairseq_headprune.pruning.checkpoint import load_checkpoint, save_checkpoint
+from fairseq_headprune.pruning.fold import fold_checkpoint
 
 LN11 = math.log(11)
 # log_a -> (p_open, eval gate), oracle 6.1
@@ -242,3 +243,26 @@ def test_bad_input_through_fairseq_train(headprune_checkpoint, data_dir, tmp_pat
     assert proc.returncode != 0 and message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not os.path.exists(tmp_path / "bad" / "checkpoint_last.pt")
+
+
+def test_keep_expected_is_cofis_deterministic_mask(headprune_checkpoint, tmp_path):
+    """fold --keep-expected: round(sum of P(open)) heads stay, the largest P(open) first. Every
+    log_a 0 (P(open) 0.688112) except E0's, so the expected count is 20 * 0.688112 plus E0's."""
+    state = load_checkpoint(headprune_checkpoint)
+    args = state["cfg"]["model"]
+    args.head_gates, args.head_gates_types = "hard_concrete", "E,D,A"
+    for key in ("E0", "E1", "D0", "D1", "A0", "A1"):
+        state["model"]["head_gates.log_a." + key] = torch.zeros(4)
+    state["model"]["head_gates.log_a.E0"] = torch.tensor([5.0, -5.0, -5.0, 1.0])
+    gated = str(tmp_path / "gated.pt")
+    save_checkpoint(state, gated)
+    p = torch.sigmoid(torch.tensor([5.0, -5.0, -5.0, 1.0]) + 0.33 * math.log(11.0))
+    expected = 20 * 0.688112 + float(p.sum())  # 15.65 -> 16
+    assert round(expected) == 16
+    report = fold_checkpoint(gated, str(tmp_path / "folded.pt"), keep_expected=True)
+    assert report["expected_open"] == 16 and report["heads_after"] == 16
+    layout = HeadLayout.from_state_dict(load_checkpoint(str(tmp_path / "folded.pt"))["model"],
+                                        {"E": 4, "D": 4, "A": 4})
+    # E0 heads 0 and 3 first (largest P(open)), then ties at 0.688 in E1, D0, D1, A0 order
+    assert layout.kept == {"E": [[0, 3], [0, 1, 2, 3]], "D": [[0, 1, 2, 3], [0, 1, 2, 3]],
+                           "A": [[0, 1], []]}

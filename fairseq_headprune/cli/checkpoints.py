@@ -32,8 +32,9 @@ def cmd_prune(args):
                                  "not both.")
         args.path = args.from_gates
         return cmd_fold(args)
-    if args.keep_heads is not None:
-        raise HeadPruneError("--keep-heads goes with --from-gates.")
+    if args.keep_heads is not None or args.keep_expected:
+        option = "--keep-heads" if args.keep_heads is not None else "--keep-expected"
+        raise HeadPruneError(f"{option} goes with --from-gates.")
     if not args.path or args.heads is None:
         raise HeadPruneError("prune needs --path and --heads (or --from-gates GATED.pt).")
     refuse_overwrite(args, args.path)
@@ -51,13 +52,18 @@ def cmd_prune(args):
 
 
 def cmd_fold(args):
+    from fairseq_headprune.errors import HeadPruneError
     from fairseq_headprune.pruning.fold import fold_checkpoint
 
     refuse_overwrite(args, args.path)
-    r = fold_checkpoint(args.path, args.output, args.keep_heads)
+    if args.keep_heads is not None and args.keep_expected:
+        raise HeadPruneError("give --keep-heads K or --keep-expected, not both.")
+    r = fold_checkpoint(args.path, args.output, args.keep_heads, args.keep_expected)
     print(f"folded the gates of {args.path} -> {args.output}: removed {r['removed']} heads with "
           f"gate 0, folded {r['scaled']} fractional gates into out_proj; "
           f"{r['heads_before']} -> {r['heads_after']} heads")
+    if "expected_open" in r:
+        print(f"kept the {r['expected_open']} heads the gates expect open (largest P(open))")
     print_parameters(r)
 
 
@@ -129,6 +135,9 @@ def add_parsers(sub):
                         "heads are removed and open gate values folded (the same as 'fold')")
     p.add_argument("--keep-heads", type=count, metavar="K",
                    help="with --from-gates: keep only the K largest evaluation gates")
+    p.add_argument("--keep-expected", action="store_true",
+                   help="with --from-gates: keep the rounded expected number of open Hard "
+                        "Concrete gates (see fold)")
     p.add_argument("-o", "--output", required=True, help="pruned checkpoint to write")
     p.set_defaults(func=cmd_prune)
 
@@ -138,6 +147,10 @@ def add_parsers(sub):
     p.add_argument("--keep-heads", type=count, metavar="K",
                    help="keep only the K largest evaluation gates of all gated modules (the DSP "
                         "fork's --num-of-heads); default: every head whose gate is not 0")
+    p.add_argument("--keep-expected", action="store_true",
+                   help="keep as many heads as the Hard Concrete gates expect open (sum of "
+                        "P(open), rounded), those with the largest P(open): CoFi's deterministic "
+                        "mask, the way to end --l0-target-heads training with the target count")
     p.add_argument("-o", "--output", required=True, help="pruned checkpoint to write")
     p.set_defaults(func=cmd_fold)
 

@@ -32,10 +32,13 @@ def checkpoint_gates(state: dict):
                                  state["model"], args)
 
 
-def keep_largest(values: Dict[str, torch.Tensor], keep: int) -> Dict[str, torch.Tensor]:
-    """Gate values with all but the ``keep`` largest (over every module) set to 0, as the DSP
-    fork's ``generate_voita.py --num-of-heads K``; ties go to the earlier module and head."""
-    flat = [(float(v), i, key, h) for i, (key, t) in enumerate(values.items())
+def keep_largest(values: Dict[str, torch.Tensor], keep: int,
+                 rank: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
+    """Gate values with all but the ``keep`` largest (over every module; by ``rank`` where
+    given, else by value) set to 0, as the DSP fork's ``generate_voita.py --num-of-heads K``;
+    ties go to the earlier module and head."""
+    rank = rank or values
+    flat = [(float(v), i, key, h) for i, (key, t) in enumerate(rank.items())
             for h, v in enumerate(t.tolist())]
     if not 0 <= keep <= len(flat):
         raise HeadPruneError(f"cannot keep {keep} heads: the model has {len(flat)} gated heads.")
@@ -44,10 +47,22 @@ def keep_largest(values: Dict[str, torch.Tensor], keep: int) -> Dict[str, torch.
             for key, t in values.items()}
 
 
-def fold_state(state: dict, path: str = "the checkpoint", keep: Optional[int] = None
-               ) -> Dict[str, int]:
+def expected_open(gates) -> int:
+    """CoFi's deterministic mask size (Xia et al. 2022, ``l0_module.py``, ``deterministic_z``):
+    the expected number of open gates, rounded; for gates that have a P(open) (Hard Concrete)."""
+    if not hasattr(gates, "p_open"):
+        raise HeadPruneError(f"--keep-expected needs gates with a probability of being open "
+                             f"(hard_concrete), not '{gates.kind}' gates.")
+    with torch.no_grad():
+        return int(round(float(sum(p.sum() for p in gates.p_open().values()))))
+
+
+def fold_state(state: dict, path: str = "the checkpoint", keep: Optional[int] = None,
+               keep_expected: bool = False) -> Dict[str, int]:
     """Fold the gates of a loaded gated checkpoint in place (see the module docstring); with
-    ``keep``, only the ``keep`` largest evaluation gates stay open (:func:`keep_largest`).
+    ``keep``, only the ``keep`` largest evaluation gates stay open (:func:`keep_largest`); with
+    ``keep_expected``, the rounded expected number of open gates, largest P(open) first (CoFi's
+    deterministic mask, the end of ``--l0-target-heads`` training).
 
     Returns:
         ``heads_before``, ``heads_after``, ``removed``, ``scaled`` (heads whose gate was neither
@@ -61,7 +76,12 @@ def fold_state(state: dict, path: str = "the checkpoint", keep: Optional[int] = 
     report = {"heads_before": layout.count(), "params_before": count_parameters(sd), "scaled": 0}
     closed: HeadSpec = {}
     values = gates.eval_values()
-    if keep is not None:
+    if keep_expected:
+        keep = report["expected_open"] = expected_open(gates)
+        with torch.no_grad():
+            values = keep_largest(values, keep, {k: p.float().cpu()
+                                                 for k, p in gates.p_open().items()})
+    elif keep is not None:
         values = keep_largest(values, keep)
     for key, value in values.items():
         if value.dim() != 1:
@@ -89,11 +109,12 @@ def fold_state(state: dict, path: str = "the checkpoint", keep: Optional[int] = 
     return report
 
 
-def fold_checkpoint(path: str, output: str, keep: Optional[int] = None) -> Dict[str, int]:
+def fold_checkpoint(path: str, output: str, keep: Optional[int] = None,
+                    keep_expected: bool = False) -> Dict[str, int]:
     """Fold the gates of checkpoint ``path`` and write the plain pruned checkpoint ``output``."""
     state = load_checkpoint(path)
     require_headprune(state, path, gates_ok=True)
-    report = fold_state(state, path, keep)
+    report = fold_state(state, path, keep, keep_expected)
     save_checkpoint(state, output)
     return report
 
