@@ -299,3 +299,20 @@ def test_inspect_names_the_collaborative_types(collab_full):
     out = run(["fairseq-headprune", "inspect", "--path", collab_full]).stdout.splitlines()
     assert out[1] == ("collaborative attention (Cordonnier et al.) on E,D,A: shared query/key "
                       "size 16")
+
+
+def test_a_type_the_model_lacks_is_refused(headprune_checkpoint, tmp_path, capsys):
+    """A model without encoder-decoder attention (--no-cross-attention) and --types A."""
+    from fairseq_headprune.pruning.checkpoint import save_checkpoint
+
+    state = torch.load(headprune_checkpoint, weights_only=False)
+    state["model"] = {k: v for k, v in state["model"].items() if ".encoder_attn." not in k}
+    no_cross = tmp_path / "no_cross.pt"
+    save_checkpoint(state, str(no_cross))
+    out = tmp_path / "out.pt"
+    status, err = cli(["collab", "--path", str(no_cross), "--key-dim", "8", "--types", "E,A",
+                       "-o", str(out)], capsys, tmp_path)
+    assert status == 2 and not out.exists()
+    assert err.strip().splitlines()[-1] == (
+        f"fairseq-headprune collab: error: --types names encoder-decoder attention (A), which "
+        f"{no_cross} does not have.")

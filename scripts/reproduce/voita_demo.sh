@@ -13,7 +13,7 @@ QUICK="${QUICK:-0}"
 if [ "$QUICK" = 1 ]; then
   DEMO="${DEMO:-results/demo-quick}"; SIZE="${SIZE:-tiny}"; LAMBDAS="${LAMBDAS:-1}"
   TYPES="${TYPES:-E EDA}"; UPDATES="${UPDATES:-10}"; SENTENCES="${SENTENCES:-20}"
-  TARGET_TYPES="${TARGET_TYPES:-EDA}"
+  TARGET_TYPES="${TARGET_TYPES:-EDA}"; TARGETS="${TARGETS:-12}"
 fi
 DEMO="${DEMO:-results/demo}"              # scripts/demo.sh's output folder
 SIZE="${SIZE:-small}"                     # the SIZE the demo was trained with
@@ -21,8 +21,10 @@ OUT="${OUT:-$DEMO/voita}"
 LAMBDAS="${LAMBDAS:-0.05 0.5}"            # L0 lambda, the authors' convention (README)
 TYPES="${TYPES:-E EDA}"                   # gated attention types, one run set per entry
 TARGET_TYPES="${TARGET_TYPES:-EDA}"       # target mode (beyond the paper) for these types
+TARGETS="${TARGETS:-}"                    # its head counts (default: the lambda runs' counts)
 UPDATES="${UPDATES:-300}"                 # fine-tuning updates per run
 GATE_LR="${GATE_LR:-0.02}"                # --head-gates-lr: gates learn faster on a short CPU run
+MULTIPLIER_LR="${MULTIPLIER_LR:-0.5}"     # --l0-multiplier-lr of the target runs
 SENTENCES="${SENTENCES:-400}"             # test sentences decoded per model
 PY="${PY:-python}"
 . scripts/lib/demo_model.sh
@@ -30,12 +32,12 @@ demo_inputs
 MANIFEST="$OUT/runs.tsv"                  # label, method, types, setting: the table's rows
 : > "$MANIFEST.new"
 
-finetune() {  # name types extra-criterion-args...
-  local name="$1" types="$2"; shift 2
+finetune() {  # name types fold-option extra-criterion-args... (fold-option: - for none)
+  local name="$1" types="$2" fold=(); [ "$3" = - ] || fold=("$3"); shift 3
   demo_train "$name" "$MODEL" "$UPDATES" --head-gates hard_concrete --head-gates-types "$types" \
     --head-gates-lr "$GATE_LR" --criterion l0_label_smoothed_cross_entropy "$@"
-  [ -f "$OUT/pruned/$name.pt" ] || \
-    fairseq-headprune prune --from-gates "$OUT/runs/$name/checkpoint_last.pt" -o "$OUT/pruned/$name.pt"
+  [ -f "$OUT/pruned/$name.pt" ] || fairseq-headprune prune --from-gates \
+    "$OUT/runs/$name/checkpoint_last.pt" "${fold[@]}" -o "$OUT/pruned/$name.pt"
 }
 
 counts() {  # label -> E:n,D:n,A:n of its evaluated checkpoint
@@ -62,7 +64,7 @@ echo "== 1/4 Voita: L0 lambda sweep"
 for types in $TYPES; do
   for lambda in $LAMBDAS; do
     name="voita-$types-lambda$lambda"
-    finetune "$name" "$types" --l0-lambda "$lambda"
+    finetune "$name" "$types" - --l0-lambda "$lambda"
     printf '%s\tvoita\t%s\tlambda %s\n' "$name" "$types" "$lambda" >> "$MANIFEST.new"
   done
 done
@@ -70,10 +72,21 @@ evaluate
 
 echo "== 2/4 Voita, target mode at the lambda runs' head counts"
 for types in $TARGET_TYPES; do
-  for lambda in $LAMBDAS; do
-    target=$(counts "voita-$types-lambda$lambda" | "$PY" -c 'import sys; t=sys.argv[1]; print(sum(int(i.split(":")[1]) for i in sys.stdin.read().strip().split(",") if i[0] in t))' "$types")
+  targets="$TARGETS"
+  if [ -z "$targets" ]; then  # the head counts of this type set's lambda runs
+    for lambda in $LAMBDAS; do
+      targets="$targets $(counts "voita-$types-lambda$lambda" | "$PY" -c 'import sys; t=sys.argv[1]; print(sum(int(i.split(":")[1]) for i in sys.stdin.read().strip().split(",") if i[0] in t))' "$types")"
+    done
+  fi
+  for target in $targets; do
+    gated=$("$PY" -c 'import json,sys; r=json.load(open(sys.argv[1]))["rows"]; print(sum(v for k,v in [x for x in r if x["label"]=="unpruned"][0]["heads_total"].items() if k in sys.argv[2]))' "$OUT/eval.json" "$types")
+    if [ "$target" -ge "$gated" ]; then
+      echo "target $target = every gated head of $types: nothing to prune, skipped"; continue
+    fi
     name="voita-$types-target$target"
-    finetune "$name" "$types" --l0-target-heads "$target" --l0-multiplier-lr 0.05
+    # CoFi's end of target training: the rounded expected number of open gates stays
+    finetune "$name" "$types" --keep-expected --l0-target-heads "$target" \
+      --l0-multiplier-lr "$MULTIPLIER_LR"
     printf '%s\tvoita-target\t%s\ttarget %s heads\n' "$name" "$types" "$target" >> "$MANIFEST.new"
   done
 done
