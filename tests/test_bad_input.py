@@ -54,6 +54,10 @@ CASES = [
      "letters among E (encoder self), D (decoder self), A (encoder-decoder), got 'EX'"),
     ("choose", ["--importance", "x.json", "--per-module", "0"], "--per-module",
      "a whole number >= 1, got '0'"),
+    ("collab", ["--path", "m.pt", "--key-dim", "x", "-o", "o.pt"], "--key-dim",
+     "invalid int value: 'x'"),
+    ("collab", ["--path", "m.pt", "--key-dim", "8", "--cp-iters", "0", "-o", "o.pt"],
+     "--cp-iters", "a whole number >= 1, got '0'"),
 ]
 
 
