@@ -126,7 +126,7 @@ def test_tap_shapes_and_outputs_equal_the_fused_path(headprune_checkpoint, data_
         with FeatureTap(model, "EDA", feature) as tap:
             tapped = model(**net)[0]
     assert torch.allclose(fused, tapped, atol=1e-5)
-    assert all(not m._skip_embed_dim_check for *_, m in attention_modules(model))  # restored
+    assert all(not m.explicit_path for *_, m in attention_modules(model))  # restored
     assert sorted(tap.features) == ["A0", "A1", "D0", "D1", "E0", "E1"]
     length = {"src": src, "tgt": tgt}
     for key, feat in tap.features.items():

@@ -158,8 +158,9 @@ class FeatureTap:
     projection after fairseq's scaling, ``attn_matrix`` the attention probabilities after dropout
     (F = batch * query length * key length). Padding positions are included, as theirs.
 
-    While tapping, the modules take fairseq's unfused attention path (the fused one calls
-    neither the projections nor ``out_proj``); their outputs are the same.
+    While tapping, the modules compute their attention probabilities explicitly (through
+    ``dropout_module``, where the attn_matrix hook reads them) instead of with
+    ``scaled_dot_product_attention``; their outputs are the same.
     """
 
     def __init__(self, model, types: str = "EDA", feature: str = "headout"):
@@ -207,8 +208,8 @@ class FeatureTap:
             if kind not in self.types or module.num_heads == 0:
                 continue
             key = module_key(kind, layer)
-            self._saved.append((module, module._skip_embed_dim_check))
-            module._skip_embed_dim_check = True  # fairseq's unfused path
+            self._saved.append((module, module.explicit_path))
+            module.explicit_path = True  # probabilities computed where the hooks see them
             self._hooks.append(self._hook_for(key, module))
         return self
 
@@ -216,7 +217,7 @@ class FeatureTap:
         for hook in self._hooks:
             hook.remove()
         for module, flag in self._saved:
-            module._skip_embed_dim_check = flag
+            module.explicit_path = flag
         self._hooks, self._saved = [], []
         return False
 

@@ -38,8 +38,15 @@ class HeadGatedLinear(nn.Linear):
         return self.gate()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_scripting():  # scripted models hold no gate (see __prepare_scriptable__)
+            x = self.gated(x)
+        return F.linear(x, self.weight, self.bias)
+
+    @torch.jit.unused
+    def gated(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` with each head's slice scaled by its gate (``x`` itself when no gate is set)."""
         gate = self.gate_values()
         if gate is not None and x.size(-1) > 0:
             heads = x.unflatten(-1, (-1, self.head_dim))  # T x B x H x d
             x = (heads * gate.unsqueeze(-1).to(heads.dtype)).flatten(-2)  # T x B x (H*d)
-        return F.linear(x, self.weight, self.bias)
+        return x

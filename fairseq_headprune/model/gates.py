@@ -309,6 +309,15 @@ def gates_of(model: nn.Module) -> Optional[HeadGates]:
     return getattr(model, "head_gates", None)
 
 
+def reset_gates(model: nn.Module, args):
+    """Forward pre-hook of a gated model: its gate module forgets the previous batch's gates, so a
+    training batch draws one fresh sample for every gated module (the model's ``forward`` stays
+    fairseq's own, which TorchScript compiles)."""
+    gates = gates_of(model)
+    if gates is not None:
+        gates.reset()
+
+
 def attach_gates(model: nn.Module, gates: HeadGates) -> HeadGates:
     """Make ``gates`` the model's gate module and point each of its modules' gate slots at it."""
     detach_gates(model)
@@ -316,6 +325,7 @@ def attach_gates(model: nn.Module, gates: HeadGates) -> HeadGates:
     if param is not None:
         gates.to(param.device)
     model.head_gates = gates
+    model.__dict__["_reset_gates_hook"] = model.register_forward_pre_hook(reset_gates)
     for kind, layer, module in attention_modules(model):
         key = module_key(kind, layer)
         if key in gates.heads:
@@ -331,6 +341,9 @@ def detach_gates(model: nn.Module):
     if "head_gates" in model._modules:
         del model._modules["head_gates"]
     model.__dict__["head_gates"] = None
+    hook = model.__dict__.pop("_reset_gates_hook", None)
+    if hook is not None:
+        hook.remove()
 
 
 def gates_from_state_dict(kind: str, types: str, state_dict: Dict[str, Tensor], args=None

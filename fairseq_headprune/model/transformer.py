@@ -20,8 +20,7 @@ from fairseq.models.transformer import (
 from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.heads.layout import HeadLayout
 from fairseq_headprune.model.gates import (
-    GATE_REGISTRY, attach_gates, build_gates, gate_types_arg, gated_heads, gates_of,
-    parse_gate_types)
+    GATE_REGISTRY, attach_gates, build_gates, gate_types_arg, gated_heads, parse_gate_types)
 from fairseq_headprune.model.collaborative import collaborative_types, make_collaborative
 from fairseq_headprune.model.layers import HeadPruneDecoder, HeadPruneEncoder
 
@@ -115,14 +114,6 @@ class HeadPruneTransformerModel(TransformerModel):
             raise HeadPruneError("--head-gates-only trains the gates alone, but the model has "
                                  "none: add --head-gates KIND.")
         return model
-
-    def forward(self, *args, **kwargs):
-        """fairseq's forward; a gate module first forgets the previous batch's gates, so a
-        training batch draws one fresh sample for every gated module."""
-        gates = gates_of(self)
-        if gates is not None:
-            gates.reset()
-        return super().forward(*args, **kwargs)
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Make the attention modules that are collaborative in ``state_dict`` collaborative here
