@@ -37,6 +37,10 @@ CASES = [
      "a whole number >= 1, got '0'"),
     ("bench", ["d", "--path", "m.pt", "--pruned", "p.pt", "--fixed-length", "-1"],
      "--fixed-length", "a whole number >= 0, got '-1'"),
+    ("bench", ["--synthetic", "huge"], "--synthetic",
+     "invalid choice: 'huge' (choose from 'base', 'big')"),
+    ("bench", ["--synthetic", "base", "--prune-share", "1"], "--prune-share",
+     "a share in (0, 1), got '1'"),
     ("corpus", ["-o", "out", "--vocab-size", "0"], "--vocab-size",
      "a whole number >= 1, got '0'"),
     ("corpus", ["-o", "out", "--valid-share", "0.7"], "--valid-share",
@@ -70,6 +74,24 @@ def test_bad_values_are_one_sentence(command, args, option, message, tmp_path, c
         + ("must be " if "must" not in message and not message.startswith(("invalid",
                                                                             "expected"))
            else "") + message)
+    assert os.listdir(tmp_path) == []
+
+
+SENTENCES = [  # option combinations refused by the command itself, before any work
+    (["bench", "d", "--synthetic", "base", "--path", "m.pt"],
+     "--synthetic builds its own models and sentences: drop DATA, --path."),
+    (["bench", "d", "--path", "m.pt"],
+     "bench needs DATA, --path and --pruned (or --synthetic base|big): --pruned missing."),
+    (["bench", "--synthetic", "base", "--dtype", "fp16", "--device", "cpu"],
+     "--dtype fp16 is for GPU decoding: use --device cuda, or fp32 on cpu."),
+]
+
+
+@pytest.mark.parametrize("argv, message", SENTENCES)
+def test_refused_combinations_are_one_sentence(argv, message, tmp_path, capsys):
+    code, stderr = cli(argv + ["-o", "out.json"], capsys, tmp_path)
+    assert code == 2 and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == f"fairseq-headprune {argv[0]}: error: {message}"
     assert os.listdir(tmp_path) == []
 
 

@@ -5,7 +5,8 @@ from argparse import Namespace
 import pytest
 from conftest import run
 
-from fairseq_headprune.evaluation.bench import format_bench, run_bench
+from fairseq_headprune.evaluation.bench import (
+    format_bench, run_bench, share_of_ideal_gain, synthetic_bench, synthetic_models, synthetic_task)
 from fairseq_headprune.evaluation.cost import decode_macs, kv_cache_bytes
 from fairseq_headprune.heads.layout import HeadLayout
 
@@ -55,8 +56,11 @@ def test_bench_side_by_side(headprune_checkpoint, data_dir, tmp_path):
     run(["fairseq-headprune", "prune", "--path", headprune_checkpoint, "--heads",
          "D:1:1,2 D:2:1,2 A:1:1,2 A:2:1,2", "-o", pruned])
     report = run_bench(data_dir, headprune_checkpoint, pruned, subset="valid",
-                       batch_sizes=[1, 8], max_sentences=8)
-    assert [r["batch_size"] for r in report["rows"]] == [1, 8]
+                       batch_sizes=[1, 8], max_sentences=8, repeats=3)
+    assert [r["batch_size"] for r in report["rows"]] == [1, 8] and report["repeats"] == 3
+    for row in report["rows"]:  # median within its range, for each figure and the ratio
+        for fig in (row["full"]["seconds"], row["pruned"]["sentences_per_s"], row["speedup"]):
+            assert fig["min"] <= fig["median"] <= fig["max"]
     assert all(r["sentences"] == 8 for r in report["rows"])
     assert report["full"]["heads"] == 24 and report["pruned"]["heads"] == 16
     assert report["kv_cache_ratio"] == pytest.approx(0.5, abs=1e-3)  # half the D and A heads
@@ -65,3 +69,42 @@ def test_bench_side_by_side(headprune_checkpoint, data_dir, tmp_path):
     assert report["ideal_speedup"] > 1
     text = format_bench(report)
     assert "ideal speedup from removed MACs" in text and "batch    8:" in text
+
+
+def test_share_of_ideal_gain_hand_computed():
+    # the example: ideal 1.23x, measured 1.18x -> (1 - 1/1.18) / (1 - 1/1.23) = 0.816
+    assert share_of_ideal_gain(1.18, 1.23) == pytest.approx(0.816, abs=1e-3)
+    assert share_of_ideal_gain(1.0, 1.23) == 0 and share_of_ideal_gain(1.23, 1.23) == 1
+    assert share_of_ideal_gain(1.1, 1.0) is None
+
+
+def test_synthetic_models_have_the_standard_sizes_and_half_the_heads():
+    task = synthetic_task(vocab=40, sentences=3, src_len=5)
+    dataset = task.dataset("test")
+    assert len(dataset) == 3 and list(dataset.src_sizes) == [6, 6, 6]
+    assert len(task.source_dictionary) == 40
+    for size, dim, heads in (("base", 512, 8), ("big", 1024, 16)):
+        models = synthetic_models(size, task)
+        full, pruned = models["full"], models["pruned"]
+        assert full.encoder.layers[0].self_attn.q_proj.weight.shape == (dim, dim)
+        assert len(full.encoder.layers) == len(full.decoder.layers) == 6
+        for module in (pruned.encoder.layers[2].self_attn, pruned.decoder.layers[5].encoder_attn):
+            assert module.num_heads == heads // 2
+            assert module.q_proj.weight.shape == (dim // 2, dim)
+        assert full.encoder.embed_tokens.weight is full.decoder.output_projection.weight
+
+
+def test_synthetic_bench_decodes_fixed_steps():
+    report = synthetic_bench("base", beam=2, batch_sizes=[2], sentences=2, repeats=2,
+                             steps=3, src_len=4, vocab=30)
+    assert report["full"]["heads"] == 144 and report["pruned"]["heads"] == 72
+    assert report["fixed_length"] == 3 and report["synthetic"]["size"] == "base"
+    row = report["rows"][0]
+    # every hypothesis is exactly 3 tokens and the end of sentence, in both models
+    assert row["sentences"] == 2
+    for name in ("full", "pruned"):
+        tps, sps = row[name]["tokens_per_s"]["median"], row[name]["sentences_per_s"]["median"]
+        assert tps == pytest.approx(4 * sps, rel=0.02)
+        assert row[name]["bleu"] is None
+    assert report["ideal_speedup"] > 1 and report["kv_cache_ratio"] == pytest.approx(0.5, abs=0.01)
+    assert "synthetic base" in format_bench(report)

@@ -3,7 +3,8 @@
 import os
 
 from fairseq_headprune.cli.common import (
-    check_writable, count, count0, default_device, floats, ints, refuse_overwrite, types_arg)
+    check_writable, count, count0, default_device, floats, ints, refuse_overwrite, share_open,
+    types_arg)
 
 
 def cmd_sweep(args):
@@ -41,13 +42,32 @@ def cmd_evaluate(args):
 
 
 def cmd_bench(args):
-    from fairseq_headprune.evaluation.bench import format_bench, run_bench
+    from fairseq_headprune.errors import HeadPruneError
+    from fairseq_headprune.evaluation.bench import format_bench, run_bench, synthetic_bench
     from fairseq_headprune.io import write_json
 
-    refuse_overwrite(args, args.path, args.pruned)
-    report = run_bench(args.data, args.path, args.pruned, args.subset, args.beam,
-                       args.batch_sizes, args.max_sentences, args.repeats, args.device,
-                       None if args.free_length else args.fixed_length)
+    if args.synthetic:
+        given = [o for o, v in (("DATA", args.data), ("--path", args.path),
+                                ("--pruned", args.pruned)) if v]
+        if given:
+            raise HeadPruneError(f"--synthetic builds its own models and sentences: drop "
+                                 f"{', '.join(given)}.")
+        refuse_overwrite(args)
+        report = synthetic_bench(args.synthetic, args.beam, args.batch_sizes,
+                                 args.max_sentences or 64, args.repeats, args.device,
+                                 args.fixed_length or 25, args.src_len, args.vocab,
+                                 args.prune_share, args.seed, args.dtype)
+    else:
+        missing = [o for o, v in (("DATA", args.data), ("--path", args.path),
+                                  ("--pruned", args.pruned)) if not v]
+        if missing:
+            raise HeadPruneError(f"bench needs DATA, --path and --pruned (or --synthetic "
+                                 f"base|big): {', '.join(missing)} missing.")
+        refuse_overwrite(args, args.path, args.pruned)
+        report = run_bench(args.data, args.path, args.pruned, args.subset, args.beam,
+                           args.batch_sizes, args.max_sentences or 200, args.repeats,
+                           args.device, None if args.free_length else args.fixed_length,
+                           args.dtype)
     if args.output:
         write_json(args.output, report)
     print(format_bench(report))
@@ -117,18 +137,38 @@ def add_parsers(sub):
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("bench", help="decoding speed: unpruned vs physically pruned")
-    p.add_argument("data", help="fairseq-preprocess output folder")
-    p.add_argument("--path", required=True, help="unpruned checkpoint")
-    p.add_argument("--pruned", required=True, help="pruned checkpoint")
+    p.add_argument("data", nargs="?", help="fairseq-preprocess output folder")
+    p.add_argument("--path", help="unpruned checkpoint")
+    p.add_argument("--pruned", help="pruned checkpoint")
+    p.add_argument("--synthetic", choices=["base", "big"],
+                   help="instead of checkpoints: random-weight models of this standard size "
+                        "(base: 6+6 layers, 512 dims, 8 heads; big: 1024 dims, 16 heads) and a "
+                        "copy with --prune-share of every module's heads removed, decoding "
+                        "random sentences")
+    p.add_argument("--prune-share", type=share_open, default=0.5,
+                   help="with --synthetic: share of each module's heads removed "
+                        "(default: %(default)s)")
+    p.add_argument("--src-len", type=count, default=25,
+                   help="with --synthetic: source tokens per sentence (default: %(default)s)")
+    p.add_argument("--vocab", type=count, default=32000,
+                   help="with --synthetic: joined vocabulary size (default: %(default)s)")
+    p.add_argument("--seed", type=count0, default=0,
+                   help="with --synthetic: weights, sentences and removed heads "
+                        "(default: %(default)s)")
     p.add_argument("--subset", default="test", help="(default: %(default)s)")
     p.add_argument("--beam", type=count, default=5, help="(default: %(default)s)")
     p.add_argument("--batch-sizes", type=ints, default=[1, 64], help="(default: 1,64)")
-    p.add_argument("--max-sentences", type=count, default=200, help="(default: %(default)s)")
-    p.add_argument("--repeats", type=count, default=1,
-                   help="alternating rounds; the fastest counts (default: %(default)s)")
+    p.add_argument("--max-sentences", type=count,
+                   help="sentences decoded per round (default: 200; 64 with --synthetic)")
+    p.add_argument("--repeats", type=count, default=3,
+                   help="interleaved rounds after one warm-up; figures are the median with "
+                        "the min-max range (default: %(default)s)")
+    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32",
+                   help="model and activations; fp16/bf16 on a GPU (default: %(default)s)")
     p.add_argument("--fixed-length", type=count0, default=0,
                    help="force every hypothesis to this many tokens so both models decode the "
-                        "same steps; 0: the mean reference length (default: %(default)s)")
+                        "same steps; 0: the mean reference length, or 25 with --synthetic "
+                        "(default: %(default)s)")
     p.add_argument("--free-length", action="store_true",
                    help="decode freely instead (a worse model may decode longer)")
     p.add_argument("--device", default=device, help="(default: %(default)s)")

@@ -15,6 +15,7 @@ folder of ``collab --report`` files (``LABEL.json``) and the folder of ``bench``
 import json
 from typing import Dict, List
 
+from fairseq_headprune.evaluation.bench import figure, rounds_note
 from fairseq_headprune.evaluation.head_table import join_rows, table_main
 
 # collab-nmt-old nmt/README.md, the paper's NMT table (METHODS_NOTES.md 5.5): WMT17 en-de,
@@ -46,11 +47,12 @@ def build_rows(evaluated: List[Dict], manifest: List[List[str]], bench: Dict,
                                / len(report["modules"]), 4) if report else None)
         b = bench.get(r["label"])
         r["bench"] = None if b is None else {
-            "device": b["device"], "beam": b["beam"], "fixed_length": b["fixed_length"],
+            "device": b["device"], "beam": b["beam"], "rounds": rounds_note(b), "fixed_length": b["fixed_length"],
             "kv_cache_ratio": b["kv_cache_ratio"], "ideal_speedup": b["ideal_speedup"],
             "rows": [{"batch_size": x["batch_size"],
-                      "original_tokens_per_s": x["full"]["tokens_per_s"],
-                      "tokens_per_s": x["pruned"]["tokens_per_s"], "speedup": x["speedup"]}
+                      "original_tokens_per_s": figure(x["full"]["tokens_per_s"]),
+                      "tokens_per_s": figure(x["pruned"]["tokens_per_s"]),
+                      "speedup": figure(x["speedup"])}
                      for x in b["rows"]]}
     return rows
 
@@ -109,7 +111,7 @@ def markdown(path: str) -> str:
         b0 = timed[0]["bench"]
         lines += ["", f"Decoding speed (`fairseq-headprune bench`, {b0['device']}, beam "
                       f"{b0['beam']}, every hypothesis forced to {b0['fixed_length']} tokens, "
-                      f"fastest of interleaved rounds), original against collaborative E,D,A:", "",
+                      f"{b0.get('rounds', 'fastest of interleaved rounds')}), original against collaborative E,D,A:", "",
                   "| D~k | batch | original tok/s | collaborative tok/s | speedup | KV cache "
                   "ratio | MAC ratio (ideal speedup) |", "|---:|---:|---:|---:|---:|---:|---:|"]
         for r in timed:

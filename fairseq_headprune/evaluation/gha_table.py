@@ -13,6 +13,7 @@ label, method, setting) and ``fairseq-headprune bench`` of vanilla (``full``) ag
 import json
 from typing import Dict, List
 
+from fairseq_headprune.evaluation.bench import figure, rounds_note
 from fairseq_headprune.evaluation.head_table import join_rows, table_main
 
 # Ni et al. 2023 Table 1, IWSLT14 de-en column (METHODS_NOTES.md 4.7): parameters without
@@ -32,16 +33,17 @@ SPEED = {"vanilla": "full", "ght-ps": "pruned"}  # bench.json entry of each time
 
 def build_rows(evaluated: List[Dict], manifest: List[List[str]], bench: Dict) -> List[Dict]:
     """Join the manifest (label, method, setting) with the evaluation rows and the parameter
-    counts and speeds of ``bench`` (the fastest round at its one batch size)."""
+    counts and speeds of ``bench`` (at its one batch size)."""
     params = {r["label"]: r["params"] for r in evaluated}
     rows = join_rows(evaluated, manifest, ["setting"], [""])
     timing = bench["rows"][0]
     for r in rows:
         r["params"] = params[r["label"]]
         side = SPEED.get(r["method"])
-        r["sentences_per_s"] = timing[side]["sentences_per_s"] if side else None
+        r["sentences_per_s"] = figure(timing[side]["sentences_per_s"]) if side else None
         r["bench"] = ({"batch_size": timing["batch_size"], "beam": bench["beam"],
-                       "device": bench["device"], "fixed_length": bench["fixed_length"]}
+                       "device": bench["device"], "fixed_length": bench["fixed_length"],
+                       "rounds": rounds_note(bench)}
                       if side else None)
     return rows
 
@@ -77,7 +79,8 @@ def markdown(path: str) -> str:
     if timed:
         lines.append(f"Speed: `fairseq-headprune bench`, {timed['device']}, beam {timed['beam']}, "
                      f"batch {timed['batch_size']}, every hypothesis forced to "
-                     f"{timed['fixed_length']} tokens, fastest of interleaved rounds; GHT has "
+                     f"{timed['fixed_length']} tokens, "
+                     f"{timed.get('rounds', 'fastest of interleaved rounds')}; GHT has "
                      f"vanilla's layers (not timed). Paper: {data['paper_source']}.")
     return "\n".join(lines) + "\n"
 

@@ -6,6 +6,7 @@ import os
 from typing import Dict, Optional
 
 from fairseq_headprune.evaluation import budget_table, collab_table, gha_table, head_table
+from fairseq_headprune.evaluation.bench import figure
 from fairseq_headprune.heads.layout import TYPE_NAMES
 from fairseq_headprune.io import write_text
 
@@ -90,8 +91,8 @@ def summarize(out_dir: str) -> str:
         lines.append("| batch | full sent/s | pruned sent/s | speedup | of ideal |")
         lines.append("|---:|---:|---:|---:|---:|")
         for row in bench["rows"]:
-            lines.append(f"| {row['batch_size']} | {row['full']['sentences_per_s']} | "
-                         f"{row['pruned']['sentences_per_s']} | {row['speedup']}x | "
+            lines.append(f"| {row['batch_size']} | {figure(row['full']['sentences_per_s'])} | "
+                         f"{figure(row['pruned']['sentences_per_s'])} | {figure(row['speedup'])}x | "
                          f"{row['measured_over_ideal']} |")
     if ablation and ablation["config"]["mode"] == "best-per-layer":
         lines.append("\nKeeping only the most important head of one layer (Michel et al., "
