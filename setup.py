@@ -25,6 +25,8 @@ setup(
         # backend, as the authors; pinned: parafac's defaults are part of the method
         "tensorly==0.10.0",
     ],
-    extras_require={"test": ["pytest"]},
+    # pytest-xdist: the suite runs its files on every core (`pytest -n auto`); pinned with the
+    # scheduling option (--dist loadfile) the suite relies on
+    extras_require={"test": ["pytest", "pytest-xdist==3.8.0"]},
     entry_points={"console_scripts": ["fairseq-headprune = fairseq_headprune.cli:main"]},
 )

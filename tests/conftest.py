@@ -23,6 +23,18 @@ TRAIN = ["--optimizer", "adam", "--lr", "0.005", "--max-tokens", "500", "--cpu",
          "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
 
 
+# The longest files start first, so that under `pytest -n auto --dist loadfile` (the README's
+# test command) they run beside the many short files instead of after them.
+LONG_FILES = ("test_demo.py", "test_reproduce.py", "test_compare.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        name = os.path.basename(str(item.fspath))
+        return LONG_FILES.index(name) if name in LONG_FILES else len(LONG_FILES)
+    items.sort(key=rank)  # stable: the order within a file and among the rest is kept
+
+
 def run(cmd, check=True, **kwargs):
     """Run a console script of this environment; return the CompletedProcess."""
     exe = os.path.join(BIN, cmd[0])
