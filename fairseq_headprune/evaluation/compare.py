@@ -353,4 +353,29 @@ def plot(path: str, rows: List[Dict]):
         xs, ys = zip(*sorted(points))
         ax.plot(xs, ys, "o-", label=name)
     ax.grid(alpha=0.3)
-    save_bleu_figure(fig, ax, path, "heads kept (% of all heads)")
+    save_bleu_figure(fig, ax, path, "heads kept (% of all heads; collab: of the key size)")
+
+
+def timing_and_plot(folder: str) -> str:
+    """The README lines below a comparison's table: how long ``scripts/compare.sh`` took (its
+    ``time.json``; only a run that started from nothing says how long the whole takes) and
+    the plot, linked by ``folder`` (a path relative to the README)."""
+    import json
+
+    lines = []
+    timing = os.path.join(folder, "time.json")
+    if os.path.exists(timing):
+        with open(timing, encoding="utf-8") as f:
+            t = json.load(f)
+        if t.get("fresh"):
+            where = f"{t['cpus']} CPU cores" if t["device"] == "cpu" else t["device"]
+            lines.append(f"`scripts/compare.sh` took {t['seconds'] / 60:.0f} minutes on {where} "
+                         f"(after `scripts/demo.sh`, which is not counted).")
+        else:
+            lines.append("Running time not measured: these results come from a resumed run.")
+    else:
+        lines.append("Running time not measured.")
+    if os.path.exists(os.path.join(folder, "compare.png")):
+        lines.append(f"\n![BLEU against the share kept, every method]"
+                     f"({os.path.join(folder, 'compare.png')})")
+    return "\n".join(lines) + "\n"
