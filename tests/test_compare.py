@@ -164,3 +164,14 @@ def test_output_that_is_a_checkpoint_is_refused(headprune_checkpoint, data_dir, 
     assert code == 2 and stderr.strip().splitlines()[-1] == (
         f"fairseq-headprune compare: error: -o {headprune_checkpoint} is the input checkpoint "
         f"{headprune_checkpoint}: write to another folder.")
+
+
+def test_readme_lines(compared):
+    from fairseq_headprune.evaluation.compare import markdown, timing_and_plot
+
+    out, _, _ = compared
+    with open(os.path.join(out, "compare.md")) as f:
+        assert markdown(os.path.join(out, "compare.json")) == f.read()
+    lines = timing_and_plot(out)  # compare alone writes no time.json: scripts/compare.sh does
+    assert lines.startswith("Running time not measured.")
+    assert f"({os.path.join(out, 'compare.png')})" in lines
