@@ -2,7 +2,8 @@
 """Regenerate the results sections of README.md from the committed results files.
 
 Each block between ``<!-- results:NAME:start -->`` and ``<!-- results:NAME:end -->`` is replaced
-by ``fairseq_headprune.summary.summarize(docs/results/NAME)``, and each block between
+by ``fairseq_headprune.summary.summarize(docs/results/NAME)`` (a sentence saying so where that
+folder does not exist yet), and each block between
 ``<!-- output:FILE:start -->`` and ``<!-- output:FILE:end -->`` by FILE (a command transcript under
 docs/results) in a code fence; nothing in them is typed by hand.
 """
@@ -25,7 +26,9 @@ def main():
 
     def block(match):
         name = match.group(1)
-        body = summarize(os.path.join(opts.results, name))
+        folder = os.path.join(opts.results, name)
+        body = summarize(folder) if os.path.isdir(folder) else (
+            f"No results committed yet ({folder} does not exist).\n")
         return f"<!-- results:{name}:start -->\n{body}<!-- results:{name}:end -->"
 
     def output(match):

@@ -41,6 +41,10 @@ CASES = [
      "invalid choice: 'huge' (choose from 'base', 'big')"),
     ("bench", ["--synthetic", "base", "--prune-share", "1"], "--prune-share",
      "a share in (0, 1), got '1'"),
+    ("compare", ["d", "--runs", "a.pt", "b.pt", "-o", "out", "--seed", "0"], "--seed",
+     "a whole number >= 1, got '0'"),
+    ("compare", ["d", "--runs", "a.pt", "b.pt", "-o", "out", "--bench-batch-sizes", "8,x"],
+     "--bench-batch-sizes", "a whole number >= 1, got 'x'"),
     ("corpus", ["-o", "out", "--vocab-size", "0"], "--vocab-size",
      "a whole number >= 1, got '0'"),
     ("corpus", ["-o", "out", "--valid-share", "0.7"], "--valid-share",
@@ -169,6 +173,7 @@ def sha256(path):
     ("ablate", ["{data}", "--path", "{ckpt}"]),
     ("evaluate", ["{data}", "--paths", "{ckpt}"]),
     ("bench", ["{data}", "--path", "{ckpt}", "--pruned", "{ckpt}"]),
+    ("compare", ["{data}", "--runs", "a={ckpt}", "b={ckpt}"]),
     ("corpus", []),
 ])
 def test_an_unwritable_output_is_refused_before_any_work(command, args, headprune_checkpoint,
@@ -240,6 +245,7 @@ COMMANDS_WITH_A_CHECKPOINT = {
     "ablate": ["{data}", "--path", "{bad}", "-o", "{out}/ablate"],
     "evaluate": ["{data}", "--paths", "{bad}", "-o", "{out}/x.json"],
     "bench": ["{data}", "--path", "{ckpt}", "--pruned", "{bad}", "-o", "{out}/x.json"],
+    "compare": ["{data}", "--runs", "a={ckpt}", "b={bad}", "-o", "{out}/compare"],
 }
 CHECKPOINT_CLASSES = {
     "missing": "checkpoint {bad} does not exist.",

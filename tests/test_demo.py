@@ -1,5 +1,5 @@
-"""The offline demo and the Voita, DSP, GHA and collaborative-attention reproductions in their
-QUICK modes, end to end (tiny model)."""
+"""The offline demo, the Voita, DSP, GHA and collaborative-attention reproductions and the
+comparison of all methods (scripts/compare.sh) in their QUICK modes, end to end (tiny model)."""
 
 import csv
 import json
@@ -105,3 +105,24 @@ def test_quick_demo_and_reproductions(tmp_path):
     bench = rows["EDA-8"]["bench"]
     assert [b["batch_size"] for b in bench["rows"]] == [1, 8] and bench["kv_cache_ratio"] < 1
     assert rows["EDA-32"]["bench"]["kv_cache_ratio"] > 1  # + one content bias per head
+
+    sh("scripts/compare.sh", DEMO=demo)  # QUICK: every method at 50% of the 24 heads
+    with open(os.path.join(demo, "compare", "compare.json")) as f:
+        result = json.load(f)
+    rows = {r["label"]: r for r in result["rows"]}
+    methods = ("michel", "voita", "dsp", "gha", "collab")
+    assert list(rows) == ["unpruned", "control"] + [f"{m}/50" for m in methods]
+    for label, r in rows.items():
+        assert r["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|")
+        assert r["chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|")
+        assert (r["significance"]["bleu"]["p_value"] is None) == (label == "unpruned")
+        if label in ("unpruned", "control", "collab/50"):  # collab removes no head
+            assert r["heads"] == {"E": 8, "D": 8, "A": 8}
+        else:  # exactly the budget: 12 of 24 heads
+            assert r["heads_kept"] == 12, r
+    assert rows["gha/50"]["heads"] == {"E": 4, "D": 4, "A": 4}  # C = 2 of 4 per module
+    assert rows["collab/50"]["key_dims"] == {"E": 16, "D": 16, "A": 16}  # half of d=32
+    assert "QUICK smoke run" in result["config"]["note"]
+    assert "|bs:200|seed:12345|" in result["config"]["significance"]["signatures"]["bleu"]
+    for name in ("compare.csv", "compare.md", "compare.png"):
+        assert os.path.getsize(os.path.join(demo, "compare", name)) > 0

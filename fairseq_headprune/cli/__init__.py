@@ -2,7 +2,7 @@
 subcommand modules of this package and dispatches; no logic lives here.
 
 Subcommand groups: :mod:`.checkpoints` (convert, prune, fold, inspect), :mod:`.scoring` (importance,
-choose), :mod:`.evaluation` (sweep, ablate, bench), :mod:`.data` (corpus).
+choose), :mod:`.evaluation` (sweep, ablate, evaluate, bench, compare), :mod:`.data` (corpus).
 """
 
 import argparse

@@ -1,4 +1,5 @@
-"""Subcommands that decode and measure: ``sweep``, ``ablate``, ``evaluate``, ``bench``."""
+"""Subcommands that decode and measure: ``sweep``, ``ablate``, ``evaluate``, ``bench``,
+``compare``."""
 
 import os
 
@@ -73,6 +74,29 @@ def cmd_bench(args):
     print(format_bench(report))
 
 
+def cmd_compare(args):
+    from fairseq_headprune.errors import HeadPruneError
+    from fairseq_headprune.evaluation.compare import compare_runs, parse_runs
+
+    runs = parse_runs(args.runs)
+    out = os.path.realpath(args.output_dir)
+    for label, path in runs:
+        if os.path.realpath(path) == out:
+            raise HeadPruneError(f"-o {args.output_dir} is the input checkpoint {path}: write to "
+                                 f"another folder.")
+    if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+        raise HeadPruneError(f"cannot write -o {args.output_dir}: it is a file, not a folder.")
+    check_writable(args.output_dir)
+    result = compare_runs(args.data, runs, args.output_dir, args.subset, args.beam,
+                          args.max_tokens, args.max_sentences, args.device,
+                          args.bootstrap_samples, args.seed, not args.no_bench,
+                          args.bench_batch_sizes, args.bench_sentences, args.repeats, args.note)
+    with open(os.path.join(args.output_dir, "compare.md"), encoding="utf-8") as f:
+        print(f.read(), end="")
+    print(f"results: {os.path.join(args.output_dir, 'compare')}.json/.csv/.md/.png "
+          f"({len(result['rows'])} runs)")
+
+
 def cmd_ablate(args):
     from fairseq_headprune.evaluation.ablation import run_ablation
 
@@ -135,6 +159,33 @@ def add_parsers(sub):
     p.add_argument("-o", "--output", required=True, help="rows JSON to write (resumable)")
     add_decoding_options(p, device)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser(
+        "compare", help="checkpoints side by side on one subset: BLEU and chrF with sacrebleu's "
+                        "paired bootstrap test against the first, heads kept, parameters, file "
+                        "size, decoding speed; JSON, CSV, Markdown and a plot")
+    p.add_argument("data", help="fairseq-preprocess output folder")
+    p.add_argument("--runs", nargs="+", required=True, metavar="[LABEL=]PATH",
+                   help="transformer_headprune checkpoints, the baseline first; LABEL defaults "
+                        "to the file name without .pt; LABEL METHOD/SETTING (michel/50) makes the "
+                        "runs of one METHOD one line of the plot")
+    p.add_argument("-o", "--output-dir", required=True,
+                   help="results folder: compare.json/.csv/.md/.png (resumable)")
+    add_decoding_options(p, device)
+    p.add_argument("--bootstrap-samples", type=count, default=1000,
+                   help="resamples of the paired bootstrap test (default: %(default)s)")
+    p.add_argument("--seed", type=count, default=12345,
+                   help="resampling seed, >= 1 (default: sacrebleu's, %(default)s)")
+    p.add_argument("--bench-batch-sizes", type=ints, default=[1, 64],
+                   help="batch sizes of the speed measurement (default: 1,64)")
+    p.add_argument("--bench-sentences", type=count, default=200,
+                   help="sentences timed per run and round (default: %(default)s)")
+    p.add_argument("--repeats", type=count, default=3,
+                   help="interleaved timing rounds after a warm-up; the median counts (default: %(default)s)")
+    p.add_argument("--no-bench", action="store_true", help="skip the speed measurement")
+    p.add_argument("--note", help="a sentence saved with the results and printed above the "
+                                  "table (e.g. how the runs were made)")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("bench", help="decoding speed: unpruned vs physically pruned")
     p.add_argument("data", nargs="?", help="fairseq-preprocess output folder")

@@ -31,6 +31,12 @@ class Translation:
         result = metric.corpus_score(self.hypotheses, [self.references])
         return result.score, str(metric.get_signature())
 
+    def chrf(self):
+        """sacrebleu corpus chrF (chrF2, character 6-grams); returns (score, signature)."""
+        metric = sacrebleu.metrics.CHRF()
+        result = metric.corpus_score(self.hypotheses, [self.references])
+        return result.score, str(metric.get_signature())
+
 
 def check_data(state: dict, path: str, data: str, subset: Optional[str] = None):
     """One sentence, before any decoding, when DATA cannot serve the checkpoint: a missing

@@ -9,19 +9,40 @@ checkpoint rewritten since is scored again).
 """
 
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
 from fairseq_headprune.errors import HeadPruneError
-from fairseq_headprune.evaluation.decode import check_inputs, load_model, translate
+from fairseq_headprune.evaluation.decode import Translation, check_inputs, load_model, translate
 from fairseq_headprune.heads.layout import HeadLayout
 from fairseq_headprune.io import data_fingerprint, load_rows, write_json
 
 
-def _stamp(path: str) -> List[int]:
+def file_stamp(path: str) -> List[int]:
     stat = os.stat(path)
     return [stat.st_size, int(stat.st_mtime)]
+
+
+def score_checkpoint(path: str, data: str, subset: str = "test", beam: int = 5,
+                     max_tokens: int = 4000, max_sentences: Optional[int] = None,
+                     device: str = "cpu") -> Tuple[Dict, Translation]:
+    """Decode ``subset`` with one (already checked) checkpoint; return its row (heads kept and
+    in all per type, parameters, BLEU with the sacrebleu signature, decoding time) and the
+    :class:`Translation` itself (hypotheses and references, for further metrics)."""
+    model, task = load_model(path, data, device, subset, checked=True)
+    layout = HeadLayout.from_model(model)
+    result = translate(model, task, subset, beam, max_tokens, max_sentences=max_sentences,
+                       device=device)
+    bleu, signature = result.bleu()
+    row = {"heads": {k: layout.count(k) for k in layout.kept},
+           "heads_total": {k: layout.num_heads[k] * layout.num_layers(k) for k in layout.kept},
+           "params": sum(p.numel() for p in model.parameters()),
+           "bleu": round(bleu, 2), "signature": signature,
+           "sentences": len(result.references),
+           "decode_seconds": round(result.seconds, 2),
+           "sentences_per_s": round(len(result.references) / result.seconds, 2)}
+    return row, result
 
 
 def evaluate_checkpoints(data: str, paths: Sequence[str], output: str,
@@ -40,22 +61,11 @@ def evaluate_checkpoints(data: str, paths: Sequence[str], output: str,
               "data_sha256": os.path.isdir(data) and data_fingerprint(data, subset)}
     rows = load_rows(output, config, "an evaluation")
     for label, path in tqdm(list(zip(labels, paths)), desc="evaluate", unit="checkpoint"):
-        key = {"label": label, "path": os.path.abspath(path), "stamp": _stamp(path)}
+        key = {"label": label, "path": os.path.abspath(path), "stamp": file_stamp(path)}
         if any(all(r.get(k) == v for k, v in key.items()) for r in rows):
             continue
-        model, task = load_model(path, data, device, subset, checked=True)
-        layout = HeadLayout.from_model(model)
-        result = translate(model, task, subset, beam, max_tokens, max_sentences=max_sentences,
-                           device=device)
-        bleu, signature = result.bleu()
+        row, _ = score_checkpoint(path, data, subset, beam, max_tokens, max_sentences, device)
         rows = [r for r in rows if r.get("label") != label]
-        rows.append({**key, "heads": {k: layout.count(k) for k in layout.kept},
-                     "heads_total": {k: layout.num_heads[k] * layout.num_layers(k)
-                                     for k in layout.kept},
-                     "params": sum(p.numel() for p in model.parameters()),
-                     "bleu": round(bleu, 2), "signature": signature,
-                     "sentences": len(result.references),
-                     "decode_seconds": round(result.seconds, 2),
-                     "sentences_per_s": round(len(result.references) / result.seconds, 2)})
+        rows.append({**key, **row})
         write_json(output, {"config": config, "rows": rows})
     return rows

@@ -5,7 +5,8 @@ import json
 import os
 from typing import Dict, Optional
 
-from fairseq_headprune.evaluation import budget_table, collab_table, gha_table, head_table
+from fairseq_headprune.evaluation import (
+    budget_table, collab_table, compare, gha_table, head_table)
 from fairseq_headprune.evaluation.bench import figure
 from fairseq_headprune.heads.layout import TYPE_NAMES
 from fairseq_headprune.io import write_text
@@ -39,6 +40,11 @@ REPRODUCTIONS = (
      "(`scripts/reproduce/collab_demo.sh`: `fairseq-headprune collab`, CP decomposition of each "
      "module's query-key products), without retraining and after plain fine-tuning, in the "
      "layout of their translation table:"),
+    ("compare", compare,
+     "Every method on this model at the same budgets (`scripts/compare.sh`, then "
+     "`fairseq-headprune compare`): the share of all heads kept (collaborative attention: of "
+     "the key size), each pruned model fine-tuned the same number of updates, p from "
+     "sacrebleu's paired bootstrap against the unpruned model:"),
 )
 
 
@@ -108,6 +114,8 @@ def summarize(out_dir: str) -> str:
         if os.path.exists(path):
             lines.append("\n" + intro + "\n")
             lines.append(module.markdown(path))
+            if module is compare:
+                lines.append(compare.timing_and_plot(os.path.join(out_dir, name)))
     return "\n".join(lines) + "\n"
 
 

@@ -32,7 +32,7 @@ SEED="${SEED:-0}"                         # CP initialisation
 SENTENCES="${SENTENCES:-400}"             # test sentences decoded per model (BLEU)
 BENCH_SENTENCES="${BENCH_SENTENCES:-200}" # sentences timed per model and round
 BENCH_BATCHES="${BENCH_BATCHES:-1,64}"    # batch sizes of the timing
-REPEATS="${REPEATS:-3}"                   # interleaved timing rounds (the fastest is kept)
+REPEATS="${REPEATS:-3}"                   # interleaved timing rounds (median and range kept)
 PY="${PY:-python}"
 . scripts/lib/demo_model.sh
 demo_inputs

@@ -33,7 +33,7 @@ FT_UPDATES="${FT_UPDATES:-200}"           # fine-tuning after the heads are remo
 SENTENCES="${SENTENCES:-400}"             # test sentences decoded per model (BLEU)
 BENCH_SENTENCES="${BENCH_SENTENCES:-200}" # sentences timed per model and round
 BENCH_BATCH="${BENCH_BATCH:-64}"          # batch size of the timing (the paper: 256)
-REPEATS="${REPEATS:-3}"                   # interleaved timing rounds (the fastest is kept)
+REPEATS="${REPEATS:-3}"                   # interleaved timing rounds (median and range kept)
 ABLATION="${ABLATION:-1}"                 # 0: skip GHT-PS w/o GC (QUICK skips it)
 PY="${PY:-python}"
 . scripts/lib/demo_model.sh

@@ -1,0 +1,177 @@
+"""``fairseq-headprune compare`` on the tiny checkpoints: rows, scores against sacrebleu called
+directly, sacrebleu's paired bootstrap (the baseline's p-value, the floor for an identical run),
+heads and parameters against hand counts, resumption, and bad input."""
+
+import csv
+import json
+import os
+
+import pytest
+import torch
+from conftest import cli
+
+SAMPLES, SEED = 100, 7
+
+
+@pytest.fixture(scope="module")
+def runs(headprune_checkpoint, tmp_path_factory):
+    """The tiny model, the same model under another label, two encoder heads of layer 1 removed,
+    and collaborative attention at half the key size (16 -> 8)."""
+    import fairseq_headprune.cli as entry
+
+    d = tmp_path_factory.mktemp("runs")
+    pruned, collab = str(d / "pruned.pt"), str(d / "collab.pt")
+    for argv in (["prune", "--path", headprune_checkpoint, "--heads", "E:1:1,2", "-o", pruned],
+                 ["collab", "--path", headprune_checkpoint, "--key-dim", "8", "-o", collab]):
+        entry.main(argv)
+    return {"base": headprune_checkpoint, "pruned": pruned, "collab": collab}
+
+
+@pytest.fixture(scope="module")
+def compared(runs, data_dir, tmp_path_factory):
+    import fairseq_headprune.cli as entry
+
+    out = str(tmp_path_factory.mktemp("compare") / "out")
+    argv = ["compare", data_dir, "--runs", f"unpruned={runs['base']}", f"same={runs['base']}",
+            f"michel/2={runs['pruned']}", runs["collab"], "-o", out, "--device", "cpu",
+            "--bootstrap-samples", str(SAMPLES), "--seed", str(SEED), "--bench-batch-sizes", "4",
+            "--bench-sentences", "4", "--max-sentences", "12"]
+    entry.main(argv)
+    with open(os.path.join(out, "compare.json")) as f:
+        return out, json.load(f), argv
+
+
+def test_rows_heads_and_sizes_by_hand(compared):
+    _, result, _ = compared
+    rows = {r["label"]: r for r in result["rows"]}
+    assert [r["label"] for r in result["rows"]] == ["unpruned", "same", "michel/2", "collab"]
+    assert [r["method"] for r in result["rows"]] == ["unpruned", "same", "michel", "collab"]
+    base, pruned, collab = rows["unpruned"], rows["michel/2"], rows["collab"]
+    assert base["heads"] == {"E": 8, "D": 8, "A": 8} and base["heads_kept_percent"] == 100
+    assert pruned["heads"] == {"E": 6, "D": 8, "A": 8} and pruned["heads_kept"] == 22
+    assert pruned["heads_kept_percent"] == round(100 * 22 / 24, 2)
+    # a head of d=16, 4 heads (head_dim 4): q, k, v rows 3 x (4 x 16 + 4), out_proj 16 x 4
+    assert base["params"] - pruned["params"] == 2 * (3 * (4 * 16 + 4) + 16 * 4)
+    assert pruned["parameter_bytes"] == 4 * pruned["params"]  # float32
+    assert pruned["file_bytes"] == os.path.getsize(pruned["path"])
+    # collaborative attention removes no head; its share is the key size over heads x head_dim
+    assert collab["heads"] == base["heads"] and collab["key_dims"] == {"E": 8, "D": 8, "A": 8}
+    assert collab["full_key_dims"] == {"E": 16, "D": 16, "A": 16}
+    assert collab["share_kept_percent"] == 50 and pruned["share_kept_percent"] == 91.67
+
+
+def test_scores_are_sacrebleus(compared):
+    import sacrebleu
+
+    out, result, _ = compared
+    with open(os.path.join(out, "decoded.json")) as f:
+        decoded = {r["label"]: r for r in json.load(f)["rows"]}
+    for r in result["rows"]:
+        hyps, refs = decoded[r["label"]]["hypotheses"], decoded[r["label"]]["references"]
+        assert len(hyps) == len(refs) == r["sentences"] == 12
+        assert r["bleu"] == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
+        assert r["chrf"] == round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2)
+        assert r["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|")
+        assert r["chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|")
+        assert r["bleu_delta"] == round(r["bleu"] - result["rows"][0]["bleu"], 2)
+
+
+def test_paired_bootstrap(compared):
+    _, result, _ = compared
+    sig = result["config"]["significance"]
+    assert (sig["n_samples"], sig["seed"], sig["against"]) == (SAMPLES, SEED, "unpruned")
+    assert f"|bs:{SAMPLES}|seed:{SEED}|" in sig["signatures"]["bleu"]
+    assert f"|bs:{SAMPLES}|seed:{SEED}|" in sig["signatures"]["chrf"]
+    rows = {r["label"]: r["significance"] for r in result["rows"]}
+    for metric in ("bleu", "chrf"):
+        assert rows["unpruned"][metric]["p_value"] is None  # not tested against itself
+        # the same hypotheses: every resample differs by 0, sacrebleu's floor 1 / (n + 1)
+        assert rows["same"][metric]["equal"] is True
+        assert rows["same"][metric]["p_value"] == round(1 / (SAMPLES + 1), 4)
+        for label in ("michel/2", "collab"):
+            assert 0 < rows[label][metric]["p_value"] <= 1
+            assert rows[label][metric]["ci"] >= 0
+
+
+def test_outputs_and_speed(compared):
+    out, result, _ = compared
+    for r in result["rows"]:
+        assert [s["batch_size"] for s in r["speed"]["rows"]] == [4]
+        assert r["speed"]["rows"][0]["sentences_per_s"] > 0
+    assert result["rows"][0]["speed"]["rows"][0]["speedup"] == 1.0
+    with open(os.path.join(out, "compare.csv")) as f:
+        table = list(csv.reader(f))
+    assert table[0][:3] == ["label", "method", "E"] and len(table) == 5
+    assert [line[0] for line in table[1:]] == ["unpruned", "same", "michel/2", "collab"]
+    with open(os.path.join(out, "compare.md")) as f:
+        md = f.read()
+    assert "| michel/2 | 6 / 8 / 8 | 91.67% |" in md and "| same |" in md
+    assert "| collab | 8 / 8 / 8 | key 50% (a) |" in md and "removes no head" in md
+    assert os.path.getsize(os.path.join(out, "compare.png")) > 0
+
+
+def test_rerun_decodes_nothing_again(compared, capsys):
+    import fairseq_headprune.cli as entry
+
+    out, result, argv = compared
+    stamp = os.stat(os.path.join(out, "decoded.json")).st_mtime_ns
+    entry.main(argv)
+    assert os.stat(os.path.join(out, "decoded.json")).st_mtime_ns == stamp
+    with open(os.path.join(out, "compare.json")) as f:
+        assert json.load(f)["rows"] == result["rows"]
+
+
+@pytest.fixture(scope="module")
+def foreign_dictionary(headprune_checkpoint, tmp_path_factory):
+    """The tiny model with a source embedding of 3 fewer words: another dictionary."""
+    state = torch.load(headprune_checkpoint, map_location="cpu", weights_only=False)
+    weight = state["model"]["encoder.embed_tokens.weight"]
+    state["model"]["encoder.embed_tokens.weight"] = weight[:-3].clone()
+    path = tmp_path_factory.mktemp("foreign") / "foreign.pt"
+    torch.save(state, path)
+    return str(path), weight.size(0)
+
+
+@pytest.mark.parametrize("runs_args, message", [
+    (["{ckpt}"], "compare needs at least 2 runs (the first is the baseline of the significance "
+                 "test), got 1."),
+    (["a={ckpt}", "a={ckpt}"], "--runs gives the label a to more than one checkpoint; name "
+                               "them LABEL=PATH."),
+    (["{ckpt}", "{ckpt}"], "--runs gives the label checkpoint_last to more than one "
+                           "checkpoint; name them LABEL=PATH."),
+    (["a={ckpt}", "=b.pt"], "--runs '=b.pt' is not LABEL=PATH or PATH."),
+    (["a={ckpt}", "b={tmp}/nowhere.pt"], "checkpoint {tmp}/nowhere.pt does not exist."),
+    (["a={ckpt}", "b={foreign}"], "{data}/dict.src.txt has {n} entries but {foreign} embeds "
+                                  "{m}: DATA was not built with this model's dictionaries."),
+])
+def test_bad_runs_are_one_sentence(runs_args, message, headprune_checkpoint, foreign_dictionary,
+                                   data_dir, tmp_path, capsys):
+    foreign, n = foreign_dictionary
+    values = {"ckpt": headprune_checkpoint, "tmp": str(tmp_path), "foreign": foreign,
+              "data": data_dir, "n": n, "m": n - 3}
+    code, stderr = cli(["compare", data_dir, "--runs", *[a.format(**values) for a in runs_args],
+                        "-o", str(tmp_path / "out")], capsys, tmp_path)
+    assert code == 2 and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == (
+        "fairseq-headprune compare: error: " + message.format(**values))
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_that_is_a_checkpoint_is_refused(headprune_checkpoint, data_dir, tmp_path,
+                                                capsys):
+    code, stderr = cli(["compare", data_dir, "--runs", f"a={headprune_checkpoint}",
+                        f"b={headprune_checkpoint}", "-o", headprune_checkpoint], capsys, tmp_path)
+    assert code == 2 and stderr.strip().splitlines()[-1] == (
+        f"fairseq-headprune compare: error: -o {headprune_checkpoint} is the input checkpoint "
+        f"{headprune_checkpoint}: write to another folder.")
+
+
+def test_readme_lines(compared):
+    from fairseq_headprune.evaluation.compare import markdown, timing_and_plot
+
+    out, _, _ = compared
+    with open(os.path.join(out, "compare.md")) as f:
+        assert markdown(os.path.join(out, "compare.json")) == f.read()
+    lines = timing_and_plot(out)  # compare alone writes no time.json: scripts/compare.sh does
+    assert lines.startswith("Running time not measured.")
+    assert f"({os.path.join(out, 'compare.png')})" in lines
