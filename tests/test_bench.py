@@ -6,7 +6,8 @@ import pytest
 from conftest import run
 
 from fairseq_headprune.evaluation.bench import (
-    format_bench, run_bench, share_of_ideal_gain, synthetic_bench, synthetic_models, synthetic_task)
+    format_bench, run_bench, share_of_ideal_gain, speed_table, synthetic_bench, synthetic_models,
+    synthetic_task)
 from fairseq_headprune.evaluation.cost import decode_macs, kv_cache_bytes
 from fairseq_headprune.heads.layout import HeadLayout
 
@@ -108,3 +109,21 @@ def test_synthetic_bench_decodes_fixed_steps():
         assert row[name]["bleu"] is None
     assert report["ideal_speedup"] > 1 and report["kv_cache_ratio"] == pytest.approx(0.5, abs=0.01)
     assert "synthetic base" in format_bench(report)
+
+
+def test_speed_table_states_the_goals():
+    def row(bs, lo, med, hi, share):
+        fig = {"median": 10.0, "min": 9.0, "max": 11.0}
+        return {"batch_size": bs, "full": {"sentences_per_s": fig},
+                "pruned": {"sentences_per_s": fig}, "share_of_ideal_gain": share,
+                "speedup": {"min": lo, "median": med, "max": hi}}
+    report = {"synthetic": {"size": "base", "prune_share": 0.5}, "device_name": "cpu x",
+              "dtype": "fp32", "ideal_speedup": 1.2, "beam": 5, "fixed_length": 25,
+              "repeats": 3, "rows": [row(1, 0.97, 0.98, 0.99, None), row(64, 1.1, 1.17, 1.2, 0.85)]}
+    lines = speed_table([report]).splitlines()
+    assert lines[2] == ("| synthetic base, 50% of heads removed | cpu x | fp32 | 1 | 10.00 | 10.00 "
+                        "| 0.980 [0.970-0.990] | 1.200 | None | not met (slower) |")
+    assert lines[3].endswith("| 0.85 | met (>= 0.8) |")
+    report["rows"] = [row(1, 0.95, 0.99, 1.01, None), row(64, 1.0, 1.1, 1.1, 0.5)]
+    lines = speed_table([report]).splitlines()
+    assert lines[2].endswith("| met (not slower) |") and lines[3].endswith("| not met (< 0.8) |")

@@ -1,13 +1,14 @@
 """The demo's summary table, generated from its results files (``python -m`` this module)."""
 
 import argparse
+import glob
 import json
 import os
 from typing import Dict, Optional
 
 from fairseq_headprune.evaluation import (
     budget_table, collab_table, compare, gha_table, head_table)
-from fairseq_headprune.evaluation.bench import figure
+from fairseq_headprune.evaluation.bench import figure, speed_table
 from fairseq_headprune.heads.layout import TYPE_NAMES
 from fairseq_headprune.io import write_text
 
@@ -109,6 +110,9 @@ def summarize(out_dir: str) -> str:
             layer = ":".join(row["spec"].split(":")[:2])
             n = len(row["spec"].split(":")[2].split(","))
             lines.append(f"| {layer} | {n} | {row['bleu']:.2f} | {row['delta']:+.2f} |")
+    speed = sorted(glob.glob(os.path.join(glob.escape(out_dir), "bench_*.json")))
+    if speed:
+        lines.append(speed_table([_load(path) for path in speed]))
     for name, module, intro in REPRODUCTIONS:
         path = os.path.join(out_dir, name, name + ".json")
         if os.path.exists(path):
