@@ -64,6 +64,23 @@ def test_scripted_sequence_generator_equals_eager(pruned, data_dir):
                               torch.stack([h["score"] for h in b]), atol=1e-5)
 
 
+def test_alignment_from_a_layer_without_cross_heads(pruned, data_dir):
+    """--print-alignment reads the last layer's per-head cross attention, which SPEC empties:
+    generation goes on (it raised an IndexError) and the hypotheses' attention, the mean over
+    no heads, is NaN: undefined, as the README says, not a made-up alignment."""
+    from fairseq.sequence_generator import SequenceGeneratorWithAlignment
+
+    model, task = load(pruned, data_dir)
+    sample = batch(task)
+    generator = SequenceGeneratorWithAlignment([model], task.target_dictionary, beam_size=2,
+                                               max_len_b=6, print_alignment="hard")
+    with torch.no_grad():
+        hypos = generator.generate([model], sample)
+    for hyps in hypos:
+        assert hyps[0]["attention"].shape[1] == len(hyps[0]["tokens"])
+        assert torch.isnan(hyps[0]["attention"]).all()
+
+
 def test_gated_model_is_refused_in_one_sentence(pruned, data_dir):
     model, _ = load(pruned, data_dir)
     mask_heads(model, parse_head_spec("E:1:2"))

@@ -274,3 +274,23 @@ def test_two_data_parallel_workers_equal_one(headprune_checkpoint, data_dir, tmp
                               rtol=1e-6, atol=0)
         assert torch.allclose(torch.tensor(two["importance"][kind]),
                               torch.tensor(one["importance"][kind]), rtol=1e-6, atol=0)
+
+
+def test_checkpoint_activations_in_the_saved_options_score_the_same(
+        headprune_checkpoint, importance_file, data_dir, tmp_path):
+    """A checkpoint trained with --checkpoint-activations keeps the option; the scoring task
+    builds its layers unwrapped, so the probe gates get gradients (they used to score 0)."""
+    from fairseq_headprune.pruning.checkpoint import load_checkpoint, save_checkpoint
+
+    state = load_checkpoint(headprune_checkpoint)
+    state["cfg"]["model"].checkpoint_activations = True
+    state["cfg"]["model"].offload_activations = True
+    path = str(tmp_path / "ckpt_act.pt")
+    save_checkpoint(state, path)
+    out = tmp_path / "imp.json"
+    run(["fairseq-headprune", "importance", data_dir, "--path", path, "-o", str(out), "--cpu"])
+    ours, reference = json.loads(out.read_text()), json.loads(open(importance_file).read())
+    for k in "EDA":
+        assert torch.allclose(torch.tensor(ours["importance"][k]),
+                              torch.tensor(reference["importance"][k]), atol=1e-6)
+        assert min(min(row) for row in ours["importance"][k]) > 0

@@ -167,6 +167,28 @@ def test_retain_dropout_modules_takes_the_stock_class_names():
     assert "decoder.layers.1.encoder_attn.dropout_module" in applied
 
 
+@pytest.mark.parametrize("kind, flags", [
+    ("hard_concrete", dict(checkpoint_activations=True)),
+    ("subset", dict(offload_activations=True, subset_heads="50%")),
+])
+def test_trained_gates_with_activation_checkpointing_are_refused(kind, flags):
+    """Stochastic gates drawn inside a checkpointed layer would get no gradient (fairseq runs
+    its first pass without one) and a different sample on recomputation: one sentence."""
+    from fairseq_headprune.errors import HeadPruneError
+    from fairseq_headprune.model.transformer import HeadPruneTransformerModel
+
+    flag = "--checkpoint-activations" if "checkpoint_activations" in flags else \
+        "--offload-activations"
+    with pytest.raises(HeadPruneError) as err:
+        _tiny(HeadPruneTransformerModel, head_gates=kind, head_gates_types="E,D,A", **flags)
+    assert str(err.value) == (
+        f"{kind} gates cannot be trained with {flag}: their sample is drawn once per batch "
+        f"inside the first layer, which activation checkpointing runs without gradients and "
+        f"recomputes; drop {flag}.")
+    masked = _tiny(HeadPruneTransformerModel, head_gates="mask", checkpoint_activations=True)
+    assert masked.head_gates.kind == "mask"  # fixed gates have nothing to train
+
+
 def test_checkpoint_activations_give_the_same_loss_and_gradients():
     """--checkpoint-activations (and --offload-activations) wrap our layers as fairseq wraps the
     stock ones; recomputation in backward gives the same gradients, heads removed included."""

@@ -120,6 +120,16 @@ class HeadImportanceTask(TranslationTask):
         self.scored_subset = None
         self.totals: Optional[Dict[str, torch.Tensor]] = None  # this worker's running sums
 
+    def build_model(self, cfg, from_checkpoint=False):
+        """The translation task's model, its layers never wrapped for activation checkpointing:
+        a checkpoint trained with --checkpoint-activations / --offload-activations saves them in
+        its options, and the wrapped layers' first pass runs without gradients, where the probe
+        gates would get none (every score 0)."""
+        for name in ("checkpoint_activations", "offload_activations"):
+            if getattr(cfg, name, False):
+                setattr(cfg, name, False)
+        return super().build_model(cfg, from_checkpoint)
+
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         try:
             super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)

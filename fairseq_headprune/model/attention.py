@@ -225,8 +225,14 @@ class MaskedMultiheadAttention(MultiheadAttention):
         if need_head_weights:
             need_weights = True
         tgt_len, bsz, _ = query.size()
-        if self.num_heads == 0:
-            return self.out_proj(query.new_zeros(tgt_len, bsz, 0)), None  # T x B x C: the bias
+        if self.num_heads == 0:  # out: T x B x C, the bias; weights of no head (their mean: 0)
+            none: Optional[Tensor] = None
+            if need_weights:
+                keys = key.size(0) if key is not None else tgt_len
+                none = query.new_zeros(bsz, tgt_len, keys)
+                if need_head_weights:
+                    none = query.new_zeros(0, bsz, tgt_len, keys)
+            return self.out_proj(query.new_zeros(tgt_len, bsz, 0)), none
         if self.bias_k is not None or self.add_zero_attn:
             return self._stock_forward(query, key, value, key_padding_mask, incremental_state,
                                        need_weights, static_kv, attn_mask, before_softmax,

@@ -97,6 +97,14 @@ class HeadPruneTransformerModel(TransformerModel):
         if kind:
             types = parse_gate_types(getattr(args, "head_gates_types", None) or "E,D,A")
             gates = build_gates(kind, gated_heads(model, types), args)
+            flag = ("--offload-activations" if getattr(args, "offload_activations", False)
+                    else "--checkpoint-activations"
+                    if getattr(args, "checkpoint_activations", False) else None)  # as passed
+            if flag and any(p.requires_grad for p in gates.parameters()):
+                raise HeadPruneError(
+                    f"{kind} gates cannot be trained with {flag}: their sample is drawn once "
+                    f"per batch inside the first layer, which activation checkpointing runs "
+                    f"without gradients and recomputes; drop {flag}.")
             if gates.own_lr() is not None and getattr(args, "fp16", False) and not (
                     getattr(args, "memory_efficient_fp16", False)
                     or getattr(args, "fp16_no_flatten_grads", False)):
