@@ -116,8 +116,9 @@ class CollaborativeAttention(MaskedMultiheadAttention):
         """fairseq's ``MultiheadAttention.forward`` contract (Time x Batch x Channel in and out,
         the same cache keys and reordering), computed with shared keys."""
         tgt_len, bsz, _ = query.size()
-        if self.num_heads == 0:
-            return self.out_proj(query.new_zeros(tgt_len, bsz, 0)), None  # T x B x C: the bias
+        if self.num_heads == 0:  # the bias, and the masked attention's weights of no head
+            return super().forward(query, key, value, need_weights=need_weights,
+                                   need_head_weights=need_head_weights)
         saved = None
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
