@@ -9,7 +9,7 @@ the first run with sacrebleu's own paired bootstrap resampling
 confidence half-width of every run, with the number of resamples and the seed beside them. Each
 row also holds the heads kept per attention type, the parameters, the file size and the decoding
 speed measured by :func:`run_bench` against the first run (both models forced to the same
-number of decoding steps, interleaved rounds, fastest kept).
+number of decoding steps, interleaved rounds, medians with their range).
 
 Runs are ``LABEL=PATH`` (or ``PATH``: the label is the file name without ``.pt``). A label
 ``METHOD/SETTING`` (``michel/50``) names the method, and the runs of one method are one line of
