@@ -54,6 +54,10 @@ CASES = [
      "letters among E (encoder self), D (decoder self), A (encoder-decoder), got 'EX'"),
     ("choose", ["--importance", "x.json", "--per-module", "0"], "--per-module",
      "a whole number >= 1, got '0'"),
+    ("analyze", ["d", "--path", "m.pt", "-o", "out", "--max-sentences", "0"],
+     "--max-sentences", "a whole number >= 1, got '0'"),
+    ("analyze", ["d", "--path", "m.pt", "-o", "out", "--rare-share", "1.5"], "--rare-share",
+     "a share in (0, 1], got '1.5'"),
     ("collab", ["--path", "m.pt", "--key-dim", "x", "-o", "o.pt"], "--key-dim",
      "invalid int value: 'x'"),
     ("collab", ["--path", "m.pt", "--key-dim", "8", "--cp-iters", "0", "-o", "o.pt"],
@@ -100,6 +104,7 @@ def foreign_data(tmp_path_factory):
     ("ablate", []),
     ("evaluate", []),
     ("bench", ["--pruned", "{ckpt}"]),
+    ("analyze", []),
 ])
 @pytest.mark.parametrize("case", ["missing", "dictionary", "split"])
 def test_data_that_cannot_serve_the_model(command, extra, case, headprune_checkpoint, data_dir,
@@ -148,6 +153,7 @@ def sha256(path):
     ("evaluate", ["{data}", "--paths", "{ckpt}"]),
     ("bench", ["{data}", "--path", "{ckpt}", "--pruned", "{ckpt}"]),
     ("corpus", []),
+    ("analyze", ["{data}", "--path", "{ckpt}"]),
 ])
 def test_an_unwritable_output_is_refused_before_any_work(command, args, headprune_checkpoint,
                                                         data_dir, importance_file, tmp_path,
@@ -218,6 +224,7 @@ COMMANDS_WITH_A_CHECKPOINT = {
     "ablate": ["{data}", "--path", "{bad}", "-o", "{out}/ablate"],
     "evaluate": ["{data}", "--paths", "{bad}", "-o", "{out}/x.json"],
     "bench": ["{data}", "--path", "{ckpt}", "--pruned", "{bad}", "-o", "{out}/x.json"],
+    "analyze": ["{data}", "--path", "{bad}", "-o", "{out}/roles"],
 }
 CHECKPOINT_CLASSES = {
     "missing": "checkpoint {bad} does not exist.",

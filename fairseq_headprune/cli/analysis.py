@@ -1,0 +1,41 @@
+"""Subcommand that characterises heads (Voita et al. 2019, Sec. 4-5): ``analyze``."""
+
+import sys
+
+from fairseq_headprune.cli.common import count, default_device, portion, refuse_overwrite
+
+
+def cmd_analyze(args):
+    from fairseq_headprune.evaluation.roles import analyze
+
+    refuse_overwrite(args, args.path, args.data)
+    result = analyze(args.data, args.path, args.output, subset=args.subset,
+                     max_sentences=args.max_sentences, max_tokens=args.max_tokens,
+                     device=args.device, min_tokens=args.min_tokens, rare_share=args.rare_share)
+    for note in result["notes"]:
+        print(f"fairseq-headprune analyze: note: {note}", file=sys.stderr)
+    print(f"head roles of {result['sentences']} sentences written to {args.output}/roles.json "
+          f"and roles.csv")
+
+
+def add_parsers(sub):
+    p = sub.add_parser("analyze", help="Voita et al. (2019) head roles: confidence, LRP "
+                                       "relevance, positional, syntactic and rare-word heads")
+    p.add_argument("data", help="fairseq-preprocess output folder")
+    p.add_argument("--path", required=True, help="transformer_headprune checkpoint (pruned or "
+                                                 "not; convert stock ones first)")
+    p.add_argument("-o", "--output", required=True, help="folder to write roles.json, "
+                                                         "roles.csv and the plots to")
+    p.add_argument("--subset", default="valid", help="(default: %(default)s)")
+    p.add_argument("--max-sentences", type=count, default=500,
+                   help="first N sentences of the subset (default: %(default)s)")
+    p.add_argument("--max-tokens", type=count, default=4000,
+                   help="tokens per batch (default: %(default)s)")
+    p.add_argument("--min-tokens", type=count, default=100,
+                   help="fewer counted tokens of a type leave its attention measures empty, "
+                        "with a note (default: %(default)s)")
+    p.add_argument("--rare-share", type=portion, default=0.5,
+                   help="share of tokens on the rarest source token that makes a rare-word "
+                        "head (default: %(default)s; the paper gives none)")
+    p.add_argument("--device", default=default_device(), help="(default: %(default)s)")
+    p.set_defaults(func=cmd_analyze)
