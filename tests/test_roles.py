@@ -97,7 +97,7 @@ def test_analyze_writes_json_and_csv_with_removed_heads_null(zero_head_model, da
         from fairseq_headprune.cli import main
 
         main(["analyze", data_dir, "--path", zero_head_model, "-o", str(tmp_path / "roles"),
-              "--device", "cpu", "--min-tokens", "10"])
+              "--device", "cpu", "--min-tokens", "10", "--lrp-sentences", "3"])
     except SystemExit as err:
         code = err.code
     assert code is None, capsys.readouterr().err[-2000:]
@@ -110,6 +110,13 @@ def test_analyze_writes_json_and_csv_with_removed_heads_null(zero_head_model, da
     assert set(result["measures"]["positional_share"]) == {"E", "D"}
     assert set(result["measures"]["rare_share"]) == {"E", "A"}
     assert result["roles"]["D"][1] == [None] * 4 and result["roles"]["E"][0][0] is not None
+    relevance = result["measures"]["relevance"]
+    assert result["lrp"]["sentences"] == 3 and relevance["D"][1] == [None] * 4
+    assert relevance["E"][0][1] is None
+    for kind in "EDA":  # each layer's kept heads share 1
+        for row in relevance[kind]:
+            kept = [v for v in row if v is not None]
+            assert not kept or abs(sum(kept) - 1) < 1e-9
     with open(tmp_path / "roles" / "roles.csv") as f:
         rows = f.read().splitlines()
     assert rows[0].startswith("type,layer,head,kept,confidence,")
@@ -124,7 +131,8 @@ def test_a_subset_too_small_says_so(headprune_checkpoint, data_dir, tmp_path, ca
     from fairseq_headprune.cli import main
 
     main(["analyze", data_dir, "--path", headprune_checkpoint, "-o", str(tmp_path / "r"),
-          "--device", "cpu", "--max-sentences", "2", "--min-tokens", "1000"])
+          "--device", "cpu", "--max-sentences", "2", "--min-tokens", "1000",
+          "--lrp-sentences", "0"])
     err = capsys.readouterr().err
     with open(tmp_path / "r" / "roles.json") as f:
         result = json.load(f)
@@ -133,3 +141,4 @@ def test_a_subset_too_small_says_so(headprune_checkpoint, data_dir, tmp_path, ca
             f"positional and rare-word shares of E are left empty.")
     assert note in result["notes"] and note in err
     assert result["measures"]["confidence"]["E"] == [[None] * 4] * 2
+    assert "relevance" not in result["measures"] and result["lrp"]["predictions"] == 0

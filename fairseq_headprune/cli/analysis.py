@@ -2,7 +2,7 @@
 
 import sys
 
-from fairseq_headprune.cli.common import count, default_device, portion, refuse_overwrite
+from fairseq_headprune.cli.common import count, count0, default_device, portion, refuse_overwrite
 
 
 def cmd_analyze(args):
@@ -11,7 +11,8 @@ def cmd_analyze(args):
     refuse_overwrite(args, args.path, args.data)
     result = analyze(args.data, args.path, args.output, subset=args.subset,
                      max_sentences=args.max_sentences, max_tokens=args.max_tokens,
-                     device=args.device, min_tokens=args.min_tokens, rare_share=args.rare_share)
+                     device=args.device, min_tokens=args.min_tokens, rare_share=args.rare_share,
+                     lrp_sentences=args.lrp_sentences)
     for note in result["notes"]:
         print(f"fairseq-headprune analyze: note: {note}", file=sys.stderr)
     print(f"head roles of {result['sentences']} sentences written to {args.output}/roles.json "
@@ -37,5 +38,9 @@ def add_parsers(sub):
     p.add_argument("--rare-share", type=portion, default=0.5,
                    help="share of tokens on the rarest source token that makes a rare-word "
                         "head (default: %(default)s; the paper gives none)")
+    p.add_argument("--lrp-sentences", type=count0, default=50,
+                   help="first N sentences for LRP relevance, one at a time (slow: its cost "
+                        "grows with the square of the length); 0 skips it (default: "
+                        "%(default)s)")
     p.add_argument("--device", default=default_device(), help="(default: %(default)s)")
     p.set_defaults(func=cmd_analyze)

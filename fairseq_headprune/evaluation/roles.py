@@ -140,9 +140,38 @@ def label_roles(tables: Dict[str, Dict[str, torch.Tensor]], layout: HeadLayout,
 SYNTACTIC_MARGIN = 0.10
 
 
+def relevance_tables(model, task, subset: str, layout: HeadLayout, sentences: int,
+                     device: str):
+    """LRP relevance of every head (:class:`HeadRelevance`) for each top-1 prediction of the
+    first ``sentences`` sentences (one at a time), summed over predictions, then divided per
+    layer by the layer's sum (the heads of a layer share 1); returns (tables, predictions)."""
+    from fairseq_headprune.methods.analysis.lrp import HeadRelevance
+
+    lrp = HeadRelevance(model)
+    sums: Dict[str, Dict[int, torch.Tensor]] = {k: {} for k in layout.kept}
+    eos, pad = task.target_dictionary.eos(), task.target_dictionary.pad()
+    predictions = 0
+    for sample in tqdm(list(batches(task, subset, model, None, 1, sentences)),
+                       desc="analyze: LRP", unit="sent"):
+        sample = _to(sample, device)
+        target = sample["target"][0]
+        positions = [t for t, tok in enumerate(target.tolist()) if tok not in (eos, pad)]
+        if not positions:
+            continue
+        predictions += len(positions)
+        for (kind, layer), value in lrp.sentence(sample, positions).items():
+            table = sums[kind]
+            table[layer] = table[layer] + value.double() if layer in table else value.double()
+    tables = {}
+    for kind in layout.kept:
+        normed = {layer: v / v.sum() for layer, v in sums[kind].items() if v.numel() and v.sum() > 0}
+        tables[kind] = _table(layout, kind, normed)
+    return tables, predictions
+
+
 def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
             max_sentences: Optional[int] = 500, max_tokens: int = 4000, device: str = "cpu",
-            min_tokens: int = 100, rare_share: float = 0.5) -> Dict:
+            min_tokens: int = 100, rare_share: float = 0.5, lrp_sentences: int = 50) -> Dict:
     """Measure every head of ``path`` on ``subset`` of ``data``; write ``roles.json`` and
     ``roles.csv`` into ``output_dir``; return the JSON dict (see the module docstring)."""
     check_inputs(path, data, subset)
@@ -176,10 +205,19 @@ def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
             for name in tables:
                 if kind in tables[name]:
                     tables[name][kind].fill_(math.nan)
+    predictions = 0
+    if lrp_sentences:
+        tables["relevance"], predictions = relevance_tables(model, task, subset, layout,
+                                                            lrp_sentences, device)
     result = {
         "method": METHOD, "checkpoint": os.path.abspath(path), "data": os.path.abspath(data),
         "subset": subset, "data_sha256": data_fingerprint(data, subset),
         "sentences": stats.sentences, "tokens": stats.tokens,
+        "lrp": {"sentences": min(lrp_sentences, stats.sentences), "predictions": predictions,
+                "rule": "two-sided alpha 0.5, beta 0.5, eps 1e-5, zero reference, bias spread "
+                        "uniformly, rescaled to conserve relevance (voita lib/layers/lrp.py)",
+                "start": "relevance 1 on the top-1 logit of each target step (teacher forced)",
+                "normalised": "per layer: the kept heads of a layer sum to 1"},
         "thresholds": {"positional_share": measures.POSITIONAL_SHARE,
                        "positional_offsets": list(measures.OFFSETS),
                        "rare_share": rare_share, "syntactic_margin": SYNTACTIC_MARGIN},
