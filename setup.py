@@ -24,6 +24,9 @@ setup(
         # CP decomposition for collaborative attention (Cordonnier et al. 2020), on its PyTorch
         # backend, as the authors; pinned: parafac's defaults are part of the method
         "tensorly==0.10.0",
+        # CoNLL-U dependency parses for Voita et al.'s syntactic heads (analyze --conllu);
+        # pinned: its token fields and error types are what the reader relies on
+        "conllu==6.0.0",
     ],
     extras_require={"test": ["pytest"]},
     entry_points={"console_scripts": ["fairseq-headprune = fairseq_headprune.cli:main"]},

@@ -8,11 +8,12 @@ from fairseq_headprune.cli.common import count, count0, default_device, portion,
 def cmd_analyze(args):
     from fairseq_headprune.evaluation.roles import analyze
 
-    refuse_overwrite(args, args.path, args.data)
+    refuse_overwrite(args, args.path, args.data, args.conllu)
     result = analyze(args.data, args.path, args.output, subset=args.subset,
                      max_sentences=args.max_sentences, max_tokens=args.max_tokens,
                      device=args.device, min_tokens=args.min_tokens, rare_share=args.rare_share,
-                     lrp_sentences=args.lrp_sentences)
+                     lrp_sentences=args.lrp_sentences, conllu=args.conllu,
+                     min_pairs=args.min_pairs)
     for note in result["notes"]:
         print(f"fairseq-headprune analyze: note: {note}", file=sys.stderr)
     print(f"head roles of {result['sentences']} sentences written to {args.output}/roles.json "
@@ -41,6 +42,12 @@ def add_parsers(sub):
     p.add_argument("--lrp-sentences", type=count0, default=50,
                    help="first N sentences for LRP relevance, one at a time (slow: its cost "
                         "grows with the square of the length); 0 skips it (default: "
+                        "%(default)s)")
+    p.add_argument("--conllu", help="dependency parses of the subset's source side, one "
+                                    "CoNLL-U sentence per source sentence in order: adds "
+                                    "syntactic heads (nsubj, dobj/obj, amod, advmod)")
+    p.add_argument("--min-pairs", type=count, default=20,
+                   help="relations with fewer pairs are left out, with a note (default: "
                         "%(default)s)")
     p.add_argument("--device", default=default_device(), help="(default: %(default)s)")
     p.set_defaults(func=cmd_analyze)

@@ -71,7 +71,8 @@ class RoleCounts:
         table = self.sums[name][kind]
         table[layer] = table[layer] + value if layer in table else value.double().clone()
 
-    def add_batch(self, maps, sample, pad: int, eos: int, counts: torch.Tensor):
+    def add_batch(self, maps, sample, pad: int, eos: int, counts: torch.Tensor,
+                  syntax=None):
         src = sample["net_input"]["src_tokens"]
         tgt = sample["target"]
         self.sentences += src.size(0)
@@ -87,6 +88,8 @@ class RoleCounts:
                 self._add("positional", kind, layer, measures.positional_hits(m, q))
             if kind in RARE_TYPES:
                 self._add("rare", kind, layer, measures.rare_hits(m, q, rare))
+        if syntax is not None:
+            syntax.add_batch(maps, sample, queries["E"])
 
     def tables(self) -> Dict[str, Dict[str, torch.Tensor]]:
         """``confidence``, ``positional_share``, ``positional_offset`` and ``rare_share`` per type."""
@@ -169,9 +172,76 @@ def relevance_tables(model, task, subset: str, layout: HeadLayout, sentences: in
     return tables, predictions
 
 
+class SyntaxPass:
+    """The syntactic measure's share of the attention pass: per sentence of a batch, its
+    encoder maps without padding and EOS, mapped to the words of its parse."""
+
+    def __init__(self, parses, owners):
+        from fairseq_headprune.methods.analysis.syntax import SyntaxCounts
+
+        self.parses, self.owners = parses, owners
+        self.counts = SyntaxCounts()
+
+    def add_batch(self, maps, sample, words_mask):
+        for b, sid in enumerate(sample["id"].tolist()):
+            words, arcs = self.parses[sid]
+            if not arcs:
+                continue
+            self.counts.add_sentence(arcs)
+            keep = words_mask[b].nonzero().squeeze(1)
+            for (kind, layer), m in maps.items():
+                if kind == "E":
+                    one = m[:, b].index_select(1, keep).index_select(2, keep)
+                    self.counts.add(layer, one, self.owners[sid], len(words), arcs)
+
+
+def syntax_tables(syntax: SyntaxPass, layout: HeadLayout, min_pairs: int, conllu: str):
+    """The syntactic measure's JSON part, its E tables (accuracy and margin over the baseline
+    at each head's best relation, and that relation's name) and notes."""
+    found, notes = syntax.counts.summary(min_pairs)
+    relations = {key: {**{k: v for k, v in r.items() if k != "accuracy"},
+                       "accuracy": to_lists({"E": _table(layout, "E", r["accuracy"])})["E"]}
+                 for key, r in found.items()}
+    accuracy = torch.full((layout.num_layers("E"), layout.num_heads["E"]), math.nan,
+                          dtype=torch.float64)
+    margin, names = accuracy.clone(), [[None] * layout.num_heads["E"]
+                                       for _ in range(layout.num_layers("E"))]
+    for key, r in found.items():
+        acc = _table(layout, "E", r["accuracy"])
+        gain = acc - r["baseline"]
+        better = ~torch.isnan(gain) & (torch.isnan(margin) | (gain > margin))
+        margin[better], accuracy[better] = gain[better], acc[better]
+        for layer, head in better.nonzero().tolist():
+            names[layer][head] = key
+    part = {"conllu": os.path.abspath(conllu), "relations": relations,
+            "word_attention": "from word i to word j: mean over i's pieces of the summed weight "
+                              "on j's pieces; the head's choice is the word of maximum weight",
+            "baseline": "per relation and direction, the most frequent relative offset"}
+    return part, {"syntactic_accuracy": {"E": accuracy}, "syntactic_margin": {"E": margin}}, \
+        names, notes
+
+
+def prepare_syntax(conllu: str, task, subset: str, model, max_sentences: Optional[int]):
+    """Read and check the parses against the source side (one sentence naming the first
+    mismatch); returns the :class:`SyntaxPass`."""
+    from fairseq_headprune.methods.analysis.syntax import (
+        check_alignment, piece_words, read_conllu)
+
+    parses = read_conllu(conllu)
+    dataset = task.dataset(subset)
+    src_dict = task.source_dictionary
+    n = min(max_sentences or len(dataset), len(dataset))
+    sources = [[src_dict[t] for t in dataset.src[i].tolist() if t != src_dict.eos()]
+               for i in range(n)]
+    check_alignment(parses, sources, conllu, subset, len(dataset))
+    owners = [piece_words(pieces, parses[i][0]) for i, pieces in enumerate(sources)]
+    return SyntaxPass(parses, owners)
+
+
 def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
             max_sentences: Optional[int] = 500, max_tokens: int = 4000, device: str = "cpu",
-            min_tokens: int = 100, rare_share: float = 0.5, lrp_sentences: int = 50) -> Dict:
+            min_tokens: int = 100, rare_share: float = 0.5, lrp_sentences: int = 50,
+            conllu: Optional[str] = None, min_pairs: int = 20) -> Dict:
     """Measure every head of ``path`` on ``subset`` of ``data``; write ``roles.json`` and
     ``roles.csv`` into ``output_dir``; return the JSON dict (see the module docstring)."""
     check_inputs(path, data, subset)
@@ -181,6 +251,7 @@ def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
     counts = torch.tensor(src_dict.count, dtype=torch.long, device=device)
     stats = RoleCounts(layout)
     task.load_dataset(subset)
+    syntax = prepare_syntax(conllu, task, subset, model, max_sentences) if conllu else None
     total = min(max_sentences or len(task.dataset(subset)), len(task.dataset(subset)))
     progress = tqdm(total=total, desc="analyze: attention", unit="sent")
     with torch.no_grad(), record_attention(model) as maps:
@@ -188,7 +259,7 @@ def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
             sample = _to(sample, device)
             maps.clear()
             model(**sample["net_input"])
-            stats.add_batch(maps, sample, src_dict.pad(), src_dict.eos(), counts)
+            stats.add_batch(maps, sample, src_dict.pad(), src_dict.eos(), counts, syntax)
             progress.update(sample["nsentences"])
     progress.close()
     if stats.sentences == 0:
@@ -205,6 +276,12 @@ def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
             for name in tables:
                 if kind in tables[name]:
                     tables[name][kind].fill_(math.nan)
+    syntactic, relation_names = None, None
+    if syntax is not None:
+        syntactic, syntax_measures, relation_names, syntax_notes = syntax_tables(
+            syntax, layout, min_pairs, conllu)
+        tables.update(syntax_measures)
+        notes.extend(syntax_notes)
     predictions = 0
     if lrp_sentences:
         tables["relevance"], predictions = relevance_tables(model, task, subset, layout,
@@ -227,6 +304,9 @@ def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
         "roles": label_roles(tables, layout, rare_share),
         "notes": notes,
     }
+    if syntactic is not None:
+        result["measures"]["syntactic_relation"] = {"E": relation_names}
+        result["syntactic"] = syntactic
     write_results(output_dir, result)
     return result
 
