@@ -58,6 +58,8 @@ CASES = [
      "--max-sentences", "a whole number >= 1, got '0'"),
     ("analyze", ["d", "--path", "m.pt", "-o", "out", "--rare-share", "1.5"], "--rare-share",
      "a share in (0, 1], got '1.5'"),
+    ("analyze", ["d", "--path", "m.pt", "-o", "out", "--overlay", "gates.pt"], "--overlay",
+     "NAME=FILE, got 'gates.pt'"),
     ("collab", ["--path", "m.pt", "--key-dim", "x", "-o", "o.pt"], "--key-dim",
      "invalid int value: 'x'"),
     ("collab", ["--path", "m.pt", "--key-dim", "8", "--cp-iters", "0", "-o", "o.pt"],

@@ -3,6 +3,7 @@ recorder on a real model, and ``analyze`` end to end (pruned model, too small a 
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -142,3 +143,62 @@ def test_a_subset_too_small_says_so(headprune_checkpoint, data_dir, tmp_path, ca
     assert note in result["notes"] and note in err
     assert result["measures"]["confidence"]["E"] == [[None] * 4] * 2
     assert "relevance" not in result["measures"] and result["lrp"]["predictions"] == 0
+
+
+def test_overlay_and_rank_correlation_with_michel(headprune_checkpoint, zero_head_model,
+                                                  importance_file, data_dir, tmp_path, capsys):
+    from fairseq_headprune.cli import main
+    from fairseq_headprune.heads.rank import correlate
+    from fairseq_headprune.heads.scores import from_lists, read_importance
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"heads": {"E": {"1": [1, 2]}, "A": {"2": [4]}}}))
+    out = tmp_path / "roles"
+    main(["analyze", data_dir, "--path", headprune_checkpoint, "-o", str(out), "--device",
+          "cpu", "--min-tokens", "10", "--lrp-sentences", "2", "--importance", importance_file,
+          "--overlay", f"michel={importance_file}", "--overlay", f"spec={spec}",
+          "--overlay", f"pruned={zero_head_model}", "--overlay-keep", "5"])
+    stdout = capsys.readouterr().out
+    with open(out / "roles.json") as f:
+        result = json.load(f)
+    methods = result["overlay"]["methods"]
+    assert list(methods) == ["michel", "spec", "pruned"]
+    # the 5 most important heads of all 24
+    scores = read_importance(importance_file)
+    ranked = sorted(((float(scores[k][layer, h]), k, layer, h) for k in "EDA"
+                     for layer in range(2) for h in range(4)), key=lambda x: -x[0])[:5]
+    for k in "EDA":
+        for layer in range(2):
+            assert methods["michel"]["kept"][k][layer] == sorted(
+                h for _, kk, ll, h in ranked if (kk, ll) == (k, layer))
+    assert sum(methods["michel"]["counts"].values()) == 5
+    assert methods["spec"]["kept"]["E"][0] == [2, 3] and methods["spec"]["kept"]["A"][1] == [0, 1, 2]
+    assert methods["spec"]["counts"] == {"E": 6, "D": 8, "A": 7}
+    assert methods["pruned"]["kept"]["E"][0] == [0, 2, 3] and methods["pruned"]["kept"]["D"][1] == []
+    # Spearman of the written tables, per type and over all heads
+    measures = {name: from_lists(t) for name, t in result["measures"].items()
+                if name in ("relevance", "confidence", "importance")}
+    spearman = result["correlation"]["spearman"]
+    for name in ("relevance", "confidence"):
+        assert spearman[f"{name}_vs_importance"] == correlate(measures[name],
+                                                              measures["importance"])
+        assert f"{name} vs importance: Spearman E " in stdout
+    for png in ("overlay", "confidence", "relevance", "positional_share", "rare_share",
+                "importance"):
+        assert (out / f"{png}.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("option", ["--importance", "--overlay"])
+def test_scores_of_another_model_are_refused(option, headprune_checkpoint, data_dir, tmp_path,
+                                             capsys):
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"importance": {"E": [[1.0, 2.0]], "D": [[1.0, 2.0]]}}))
+    value = str(other) if option == "--importance" else f"x={other}"
+    code, err = cli(["analyze", data_dir, "--path", headprune_checkpoint, "-o", "roles",
+                     "--device", "cpu", option, value], capsys, tmp_path)
+    what = f"--importance {other}" if option == "--importance" else f"--overlay x={other}"
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        f"fairseq-headprune analyze: error: {what} is for a model with layers x heads "
+        f"{{'E': [1, 2], 'D': [1, 2]}}, not the analysed model's "
+        f"{{'E': [2, 4], 'D': [2, 4], 'A': [2, 4]}}.")
+    assert sorted(os.listdir(tmp_path)) == ["other.json"]

@@ -2,18 +2,33 @@
 
 import sys
 
-from fairseq_headprune.cli.common import count, count0, default_device, portion, refuse_overwrite
+from fairseq_headprune.cli.common import amount, count, count0, default_device, portion, refuse_overwrite
+
+
+def named_file(text):
+    """``NAME=FILE`` of ``--overlay``."""
+    import argparse
+
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"must be NAME=FILE, got '{text}'")
+    return name, path
 
 
 def cmd_analyze(args):
     from fairseq_headprune.evaluation.roles import analyze
 
-    refuse_overwrite(args, args.path, args.data, args.conllu)
+    refuse_overwrite(args, args.path, args.data, args.conllu, args.importance,
+                     *[file for _, file in args.overlay or []])
     result = analyze(args.data, args.path, args.output, subset=args.subset,
                      max_sentences=args.max_sentences, max_tokens=args.max_tokens,
                      device=args.device, min_tokens=args.min_tokens, rare_share=args.rare_share,
                      lrp_sentences=args.lrp_sentences, conllu=args.conllu,
-                     min_pairs=args.min_pairs)
+                     min_pairs=args.min_pairs, importance=args.importance,
+                     overlays=args.overlay or [], overlay_keep=args.overlay_keep)
+    for name, rho in result.get("correlation", {}).get("spearman", {}).items():
+        print(f"{name.replace('_', ' ')}: Spearman " + "  ".join(
+            f"{k} {'-' if v is None else f'{v:+.3f}'}" for k, v in rho.items()))
     for note in result["notes"]:
         print(f"fairseq-headprune analyze: note: {note}", file=sys.stderr)
     print(f"head roles of {result['sentences']} sentences written to {args.output}/roles.json "
@@ -49,5 +64,16 @@ def add_parsers(sub):
     p.add_argument("--min-pairs", type=count, default=20,
                    help="relations with fewer pairs are left out, with a note (default: "
                         "%(default)s)")
+    p.add_argument("--importance", help="Michel et al. importance JSON of the same model "
+                                        "(fairseq-headprune importance): Spearman's rho of "
+                                        "relevance and confidence against it, per type")
+    p.add_argument("--overlay", type=named_file, action="append", metavar="NAME=FILE",
+                   help="a method's heads for the pruning overlay (overlay.png), repeatable: "
+                        "a pruned or folded checkpoint (its kept heads), a head spec JSON "
+                        "(choose -o: heads pruned) or an importance/votes JSON (its best "
+                        "--overlay-keep heads)")
+    p.add_argument("--overlay-keep", type=amount, default=0.5,
+                   help="heads an importance overlay keeps: a fraction (< 1) of the analysed "
+                        "model's heads or a count (default: %(default)s)")
     p.add_argument("--device", default=default_device(), help="(default: %(default)s)")
     p.set_defaults(func=cmd_analyze)

@@ -238,15 +238,97 @@ def prepare_syntax(conllu: str, task, subset: str, model, max_sentences: Optiona
     return SyntaxPass(parses, owners)
 
 
+def _same_shape(tables, layout: HeadLayout, what: str):
+    """One sentence unless ``tables`` has the analysed model's types, layers and heads."""
+    shape = {k: [layout.num_layers(k), layout.num_heads[k]] for k in layout.kept}
+    theirs = {k: list(t.shape) for k, t in tables.items()}
+    if theirs != shape:
+        raise HeadPruneError(f"{what} is for a model with layers x heads {theirs}, not the "
+                             f"analysed model's {shape}.")
+
+
+def _is_checkpoint(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"PK"  # a torch zip file, as fairseq writes
+
+
+def overlay_survivors(name: str, path: str, layout: HeadLayout, keep: float) -> Dict:
+    """The heads of the analysed model that a method keeps: from a checkpoint (its kept heads,
+    e.g. Voita's gates folded and removed), a head spec JSON (``choose -o``: the heads it
+    prunes) or an importance/votes JSON (its ``keep`` best heads: a fraction < 1 of the
+    analysed model's heads, or a count)."""
+    what = f"--overlay {name}={path}"
+    if not os.path.isfile(path):
+        raise HeadPruneError(f"{what}: the file does not exist.")
+    if _is_checkpoint(path):
+        from fairseq_headprune.pruning.checkpoint import checkpoint_layout, load_checkpoint
+
+        theirs = checkpoint_layout(load_checkpoint(path))
+        _same_shape({k: torch.empty(theirs.num_layers(k), theirs.num_heads[k])
+                     for k in theirs.kept}, layout, what)
+        kept, source = theirs.kept, "checkpoint"
+    else:
+        import json
+
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except ValueError as err:
+            raise HeadPruneError(f"{what}: not JSON and not a checkpoint ({err}).") from err
+        if isinstance(data, dict) and isinstance(data.get("importance"), dict):
+            from fairseq_headprune.heads.scores import read_importance
+
+            scores = read_importance(path)
+            _same_shape(scores, layout, what)
+            present = [(float(scores[k][layer, h]), k, layer, h) for k in layout.kept
+                       for layer, heads in enumerate(layout.kept[k]) for h in heads
+                       if not math.isnan(float(scores[k][layer, h]))]
+            total = layout.count()
+            n = int(round(keep * total)) if keep < 1 else min(int(keep), total)
+            order = {k: i for i, k in enumerate("EDA")}
+            best = sorted(present, key=lambda x: (-x[0], order[x[1]], x[2], x[3]))[:n]
+            kept = {k: [sorted(h for _, kk, ll, h in best if kk == k and ll == layer)
+                        for layer in range(layout.num_layers(k))] for k in layout.kept}
+            source = "importance"
+        else:
+            from fairseq_headprune.heads.spec import spec_from_json
+
+            pruned = spec_from_json(data)
+            kept = {k: [[h for h in heads if h not in pruned.get(k, {}).get(layer, [])]
+                        for layer, heads in enumerate(layout.kept[k])] for k in layout.kept}
+            source = "head spec (pruned heads)"
+    kept = {k: [[h for h in kept[k][layer] if h in layout.kept[k][layer]]
+                for layer in range(layout.num_layers(k))] for k in layout.kept if k in kept}
+    return {"source": os.path.abspath(path), "read_as": source, "kept": kept,
+            "counts": {k: sum(len(x) for x in v) for k, v in kept.items()}}
+
+
+def compare_with_importance(tables, importance: str, layout: HeadLayout):
+    """Michel et al.'s importance of the same model, masked to its heads, and Spearman's rho of
+    relevance and confidence against it, per type and over all heads."""
+    from fairseq_headprune.heads.rank import correlate
+    from fairseq_headprune.heads.scores import read_importance
+
+    scores = read_importance(importance)
+    _same_shape(scores, layout, f"--importance {importance}")
+    scores = {k: v + (tables["confidence"][k] * 0) for k, v in scores.items()}  # NaN: removed
+    correlation = {f"{name}_vs_importance": correlate(tables[name], scores)
+                   for name in ("relevance", "confidence") if name in tables}
+    return scores, {"importance": os.path.abspath(importance), "spearman": correlation}
+
+
 def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
             max_sentences: Optional[int] = 500, max_tokens: int = 4000, device: str = "cpu",
             min_tokens: int = 100, rare_share: float = 0.5, lrp_sentences: int = 50,
-            conllu: Optional[str] = None, min_pairs: int = 20) -> Dict:
+            conllu: Optional[str] = None, min_pairs: int = 20, importance: Optional[str] = None,
+            overlays: Sequence = (), overlay_keep: float = 0.5) -> Dict:
     """Measure every head of ``path`` on ``subset`` of ``data``; write ``roles.json`` and
     ``roles.csv`` into ``output_dir``; return the JSON dict (see the module docstring)."""
     check_inputs(path, data, subset)
     model, task = load_model(path, data, device, subset, checked=True)
     layout = HeadLayout.from_model(model)
+    methods = {name: overlay_survivors(name, file, layout, overlay_keep)
+               for name, file in overlays}  # every input checked before the long passes
     src_dict = task.source_dictionary
     counts = torch.tensor(src_dict.count, dtype=torch.long, device=device)
     stats = RoleCounts(layout)
@@ -286,6 +368,9 @@ def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
     if lrp_sentences:
         tables["relevance"], predictions = relevance_tables(model, task, subset, layout,
                                                             lrp_sentences, device)
+    correlation = None
+    if importance:
+        tables["importance"], correlation = compare_with_importance(tables, importance, layout)
     result = {
         "method": METHOD, "checkpoint": os.path.abspath(path), "data": os.path.abspath(data),
         "subset": subset, "data_sha256": data_fingerprint(data, subset),
@@ -307,6 +392,10 @@ def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
     if syntactic is not None:
         result["measures"]["syntactic_relation"] = {"E": relation_names}
         result["syntactic"] = syntactic
+    if correlation is not None:
+        result["correlation"] = correlation
+    if methods:
+        result["overlay"] = {"keep": overlay_keep, "methods": methods}
     write_results(output_dir, result)
     return result
 
@@ -349,9 +438,16 @@ def csv_text(result: Dict) -> str:
 
 
 def write_results(output_dir: str, result: Dict):
-    """``roles.json`` and ``roles.csv`` in ``output_dir``, each written atomically."""
+    """``roles.json``, ``roles.csv`` and the figures (:mod:`.role_plots`) in ``output_dir``,
+    each written atomically."""
+    from fairseq_headprune.evaluation.role_plots import plot_measures, plot_overlay
+
     os.makedirs(output_dir, exist_ok=True)
-    write_json(os.path.join(output_dir, "roles.json"), result)
+    path = os.path.join(output_dir, "roles.json")
+    write_json(path, result)
     with atomic_path(os.path.join(output_dir, "roles.csv")) as tmp, \
             open(tmp, "w", encoding="utf-8") as f:
         f.write(csv_text(result))
+    plot_measures(path, output_dir)
+    if result.get("overlay"):
+        plot_overlay(path, os.path.join(output_dir, "overlay.png"))
