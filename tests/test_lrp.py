@@ -7,7 +7,7 @@ import torch
 from conftest import batch, load
 from torch.func import jacrev
 
-from fairseq_headprune.methods.analysis import lrp
+from fairseq_headprune.methods.analysis import lrp, lrp_model
 
 
 def linear(R, x, W, b=None):
@@ -90,8 +90,8 @@ def pruned_model(headprune_checkpoint, data_dir):
 def test_relevance_on_a_pruned_model_is_conserved_and_faithful(pruned_model):
     model, task = pruned_model
     sample = batch(task, "valid", max_sentences=1)
-    rel = lrp.HeadRelevance(model)
-    with torch.no_grad(), lrp.LayerInputs(model) as store:
+    rel = lrp_model.HeadRelevance(model)
+    with torch.no_grad(), lrp_model.LayerInputs(model) as store:
         model(**sample["net_input"])
     enc = store["encoder_out"][:, 0]
     for stack, extra in (("encoder", None), ("decoder", enc)):  # our forward is fairseq's
@@ -119,8 +119,8 @@ def test_pre_norm_layers_are_followed_too(headprune_checkpoint, data_dir):
         for layer in stack.layers:
             layer.normalize_before = True
     sample = batch(task, "valid", max_sentences=1)
-    rel = lrp.HeadRelevance(model)
-    with torch.no_grad(), lrp.LayerInputs(model) as store:
+    rel = lrp_model.HeadRelevance(model)
+    with torch.no_grad(), lrp_model.LayerInputs(model) as store:
         model(**sample["net_input"])
     layer = model.decoder.layers[1]
     mine = rel.forward_layer(layer, store["decoder.1.in"][:, 0], store["encoder_out"][:, 0])

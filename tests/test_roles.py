@@ -172,9 +172,11 @@ def test_overlay_and_rank_correlation_with_michel(headprune_checkpoint, zero_hea
             assert methods["michel"]["kept"][k][layer] == sorted(
                 h for _, kk, ll, h in ranked if (kk, ll) == (k, layer))
     assert sum(methods["michel"]["counts"].values()) == 5
-    assert methods["spec"]["kept"]["E"][0] == [2, 3] and methods["spec"]["kept"]["A"][1] == [0, 1, 2]
+    assert methods["spec"]["kept"]["E"][0] == [2, 3]
+    assert methods["spec"]["kept"]["A"][1] == [0, 1, 2]
     assert methods["spec"]["counts"] == {"E": 6, "D": 8, "A": 7}
-    assert methods["pruned"]["kept"]["E"][0] == [0, 2, 3] and methods["pruned"]["kept"]["D"][1] == []
+    assert methods["pruned"]["kept"]["E"][0] == [0, 2, 3]
+    assert methods["pruned"]["kept"]["D"][1] == []
     # Spearman of the written tables, per type and over all heads
     measures = {name: from_lists(t) for name, t in result["measures"].items()
                 if name in ("relevance", "confidence", "importance")}

@@ -2,7 +2,8 @@
 
 import sys
 
-from fairseq_headprune.cli.common import amount, count, count0, default_device, portion, refuse_overwrite
+from fairseq_headprune.cli.common import (
+    amount, count, count0, default_device, portion, refuse_overwrite)
 
 
 def named_file(text):

@@ -33,6 +33,9 @@ from tqdm import tqdm
 
 from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.evaluation.decode import batches, check_inputs, load_model
+from fairseq_headprune.evaluation.role_measures import (
+    _table, _to, prepare_syntax, relevance_tables, syntax_tables)
+from fairseq_headprune.evaluation.role_overlay import compare_with_importance, overlay_survivors
 from fairseq_headprune.heads.layout import ATTENTION_TYPES, HeadLayout
 from fairseq_headprune.heads.scores import to_lists
 from fairseq_headprune.io import atomic_path, data_fingerprint, write_json
@@ -45,16 +48,6 @@ METHOD = "Voita et al. 2019, head roles (confidence, LRP relevance, positional, 
          "rare-word)"
 POSITIONAL_TYPES = ("E", "D")
 RARE_TYPES = ("E", "A")
-
-
-def _table(layout: HeadLayout, kind: str, values: Dict[int, torch.Tensor]) -> torch.Tensor:
-    """``[layers, original heads]`` float64, NaN where a head is removed or has no value."""
-    table = torch.full((layout.num_layers(kind), layout.num_heads[kind]), math.nan,
-                       dtype=torch.float64)
-    for layer, kept in enumerate(layout.kept[kind]):
-        if layer in values and kept:
-            table[layer, kept] = values[layer].double().cpu()
-    return table
 
 
 class RoleCounts:
@@ -92,13 +85,14 @@ class RoleCounts:
             syntax.add_batch(maps, sample, queries["E"])
 
     def tables(self) -> Dict[str, Dict[str, torch.Tensor]]:
-        """``confidence``, ``positional_share``, ``positional_offset`` and ``rare_share`` per type."""
+        """Per type: ``confidence``, ``positional_share``, ``positional_offset``, ``rare_share``."""
         out = {"confidence": {}, "positional_share": {}, "positional_offset": {},
                "rare_share": {}}
         for kind in self.layout.kept:
             n = max(self.tokens[kind], 1)
+            conf = self.sums["confidence"][kind]
             out["confidence"][kind] = _table(self.layout, kind,
-                                             {k: v / n for k, v in self.sums["confidence"][kind].items()})
+                                             {k: v / n for k, v in conf.items()})
             if kind in POSITIONAL_TYPES:
                 pos = self.sums["positional"][kind]
                 out["positional_share"][kind] = _table(
@@ -141,180 +135,6 @@ def label_roles(tables: Dict[str, Dict[str, torch.Tensor]], layout: HeadLayout,
 # Voita et al. (2019), Sec. 5.2: syntactic when clearly above the positional baseline; the
 # notes' secondary summary gives 10 points of accuracy.
 SYNTACTIC_MARGIN = 0.10
-
-
-def relevance_tables(model, task, subset: str, layout: HeadLayout, sentences: int,
-                     device: str):
-    """LRP relevance of every head (:class:`HeadRelevance`) for each top-1 prediction of the
-    first ``sentences`` sentences (one at a time), summed over predictions, then divided per
-    layer by the layer's sum (the heads of a layer share 1); returns (tables, predictions)."""
-    from fairseq_headprune.methods.analysis.lrp import HeadRelevance
-
-    lrp = HeadRelevance(model)
-    sums: Dict[str, Dict[int, torch.Tensor]] = {k: {} for k in layout.kept}
-    eos, pad = task.target_dictionary.eos(), task.target_dictionary.pad()
-    predictions = 0
-    for sample in tqdm(list(batches(task, subset, model, None, 1, sentences)),
-                       desc="analyze: LRP", unit="sent"):
-        sample = _to(sample, device)
-        target = sample["target"][0]
-        positions = [t for t, tok in enumerate(target.tolist()) if tok not in (eos, pad)]
-        if not positions:
-            continue
-        predictions += len(positions)
-        for (kind, layer), value in lrp.sentence(sample, positions).items():
-            table = sums[kind]
-            table[layer] = table[layer] + value.double() if layer in table else value.double()
-    tables = {}
-    for kind in layout.kept:
-        normed = {layer: v / v.sum() for layer, v in sums[kind].items() if v.numel() and v.sum() > 0}
-        tables[kind] = _table(layout, kind, normed)
-    return tables, predictions
-
-
-class SyntaxPass:
-    """The syntactic measure's share of the attention pass: per sentence of a batch, its
-    encoder maps without padding and EOS, mapped to the words of its parse."""
-
-    def __init__(self, parses, owners):
-        from fairseq_headprune.methods.analysis.syntax import SyntaxCounts
-
-        self.parses, self.owners = parses, owners
-        self.counts = SyntaxCounts()
-
-    def add_batch(self, maps, sample, words_mask):
-        for b, sid in enumerate(sample["id"].tolist()):
-            words, arcs = self.parses[sid]
-            if not arcs:
-                continue
-            self.counts.add_sentence(arcs)
-            keep = words_mask[b].nonzero().squeeze(1)
-            for (kind, layer), m in maps.items():
-                if kind == "E":
-                    one = m[:, b].index_select(1, keep).index_select(2, keep)
-                    self.counts.add(layer, one, self.owners[sid], len(words), arcs)
-
-
-def syntax_tables(syntax: SyntaxPass, layout: HeadLayout, min_pairs: int, conllu: str):
-    """The syntactic measure's JSON part, its E tables (accuracy and margin over the baseline
-    at each head's best relation, and that relation's name) and notes."""
-    found, notes = syntax.counts.summary(min_pairs)
-    relations = {key: {**{k: v for k, v in r.items() if k != "accuracy"},
-                       "accuracy": to_lists({"E": _table(layout, "E", r["accuracy"])})["E"]}
-                 for key, r in found.items()}
-    accuracy = torch.full((layout.num_layers("E"), layout.num_heads["E"]), math.nan,
-                          dtype=torch.float64)
-    margin, names = accuracy.clone(), [[None] * layout.num_heads["E"]
-                                       for _ in range(layout.num_layers("E"))]
-    for key, r in found.items():
-        acc = _table(layout, "E", r["accuracy"])
-        gain = acc - r["baseline"]
-        better = ~torch.isnan(gain) & (torch.isnan(margin) | (gain > margin))
-        margin[better], accuracy[better] = gain[better], acc[better]
-        for layer, head in better.nonzero().tolist():
-            names[layer][head] = key
-    part = {"conllu": os.path.abspath(conllu), "relations": relations,
-            "word_attention": "from word i to word j: mean over i's pieces of the summed weight "
-                              "on j's pieces; the head's choice is the word of maximum weight",
-            "baseline": "per relation and direction, the most frequent relative offset"}
-    return part, {"syntactic_accuracy": {"E": accuracy}, "syntactic_margin": {"E": margin}}, \
-        names, notes
-
-
-def prepare_syntax(conllu: str, task, subset: str, model, max_sentences: Optional[int]):
-    """Read and check the parses against the source side (one sentence naming the first
-    mismatch); returns the :class:`SyntaxPass`."""
-    from fairseq_headprune.methods.analysis.syntax import (
-        check_alignment, piece_words, read_conllu)
-
-    parses = read_conllu(conllu)
-    dataset = task.dataset(subset)
-    src_dict = task.source_dictionary
-    n = min(max_sentences or len(dataset), len(dataset))
-    sources = [[src_dict[t] for t in dataset.src[i].tolist() if t != src_dict.eos()]
-               for i in range(n)]
-    check_alignment(parses, sources, conllu, subset, len(dataset))
-    owners = [piece_words(pieces, parses[i][0]) for i, pieces in enumerate(sources)]
-    return SyntaxPass(parses, owners)
-
-
-def _same_shape(tables, layout: HeadLayout, what: str):
-    """One sentence unless ``tables`` has the analysed model's types, layers and heads."""
-    shape = {k: [layout.num_layers(k), layout.num_heads[k]] for k in layout.kept}
-    theirs = {k: list(t.shape) for k, t in tables.items()}
-    if theirs != shape:
-        raise HeadPruneError(f"{what} is for a model with layers x heads {theirs}, not the "
-                             f"analysed model's {shape}.")
-
-
-def _is_checkpoint(path: str) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"PK"  # a torch zip file, as fairseq writes
-
-
-def overlay_survivors(name: str, path: str, layout: HeadLayout, keep: float) -> Dict:
-    """The heads of the analysed model that a method keeps: from a checkpoint (its kept heads,
-    e.g. Voita's gates folded and removed), a head spec JSON (``choose -o``: the heads it
-    prunes) or an importance/votes JSON (its ``keep`` best heads: a fraction < 1 of the
-    analysed model's heads, or a count)."""
-    what = f"--overlay {name}={path}"
-    if not os.path.isfile(path):
-        raise HeadPruneError(f"{what}: the file does not exist.")
-    if _is_checkpoint(path):
-        from fairseq_headprune.pruning.checkpoint import checkpoint_layout, load_checkpoint
-
-        theirs = checkpoint_layout(load_checkpoint(path))
-        _same_shape({k: torch.empty(theirs.num_layers(k), theirs.num_heads[k])
-                     for k in theirs.kept}, layout, what)
-        kept, source = theirs.kept, "checkpoint"
-    else:
-        import json
-
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except ValueError as err:
-            raise HeadPruneError(f"{what}: not JSON and not a checkpoint ({err}).") from err
-        if isinstance(data, dict) and isinstance(data.get("importance"), dict):
-            from fairseq_headprune.heads.scores import read_importance
-
-            scores = read_importance(path)
-            _same_shape(scores, layout, what)
-            present = [(float(scores[k][layer, h]), k, layer, h) for k in layout.kept
-                       for layer, heads in enumerate(layout.kept[k]) for h in heads
-                       if not math.isnan(float(scores[k][layer, h]))]
-            total = layout.count()
-            n = int(round(keep * total)) if keep < 1 else min(int(keep), total)
-            order = {k: i for i, k in enumerate("EDA")}
-            best = sorted(present, key=lambda x: (-x[0], order[x[1]], x[2], x[3]))[:n]
-            kept = {k: [sorted(h for _, kk, ll, h in best if kk == k and ll == layer)
-                        for layer in range(layout.num_layers(k))] for k in layout.kept}
-            source = "importance"
-        else:
-            from fairseq_headprune.heads.spec import spec_from_json
-
-            pruned = spec_from_json(data)
-            kept = {k: [[h for h in heads if h not in pruned.get(k, {}).get(layer, [])]
-                        for layer, heads in enumerate(layout.kept[k])] for k in layout.kept}
-            source = "head spec (pruned heads)"
-    kept = {k: [[h for h in kept[k][layer] if h in layout.kept[k][layer]]
-                for layer in range(layout.num_layers(k))] for k in layout.kept if k in kept}
-    return {"source": os.path.abspath(path), "read_as": source, "kept": kept,
-            "counts": {k: sum(len(x) for x in v) for k, v in kept.items()}}
-
-
-def compare_with_importance(tables, importance: str, layout: HeadLayout):
-    """Michel et al.'s importance of the same model, masked to its heads, and Spearman's rho of
-    relevance and confidence against it, per type and over all heads."""
-    from fairseq_headprune.heads.rank import correlate
-    from fairseq_headprune.heads.scores import read_importance
-
-    scores = read_importance(importance)
-    _same_shape(scores, layout, f"--importance {importance}")
-    scores = {k: v + (tables["confidence"][k] * 0) for k, v in scores.items()}  # NaN: removed
-    correlation = {f"{name}_vs_importance": correlate(tables[name], scores)
-                   for name in ("relevance", "confidence") if name in tables}
-    return scores, {"importance": os.path.abspath(importance), "spearman": correlation}
 
 
 def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
@@ -398,14 +218,6 @@ def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
         result["overlay"] = {"keep": overlay_keep, "methods": methods}
     write_results(output_dir, result)
     return result
-
-
-def _to(sample, device):
-    if device == "cpu":
-        return sample
-    from fairseq import utils
-
-    return utils.move_to_cuda(sample)
 
 
 CSV_MEASURES = ("confidence", "relevance", "positional_share", "positional_offset",
