@@ -28,6 +28,8 @@ setup(
         # pinned: its token fields and error types are what the reader relies on
         "conllu==6.0.0",
     ],
-    extras_require={"test": ["pytest"]},
+    extras_require={"test": ["pytest"],
+                    # analyze --spacy-model: parse the source side instead of giving CoNLL-U
+                    "syntax": ["spacy==3.8.18"]},
     entry_points={"console_scripts": ["fairseq-headprune = fairseq_headprune.cli:main"]},
 )

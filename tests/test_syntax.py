@@ -156,3 +156,30 @@ def test_a_file_that_is_not_conllu(tmp_path):
         syntax.read_conllu(str(bad))
     with pytest.raises(HeadPruneError, match="does not exist"):
         syntax.read_conllu(str(tmp_path / "nowhere.conllu"))
+
+
+def test_spacy_parsing_is_skipped_cleanly_without_spacy_or_its_model(
+        headprune_checkpoint, data_dir, tmp_path, capsys):
+    try:
+        import spacy  # noqa: F401
+        expected = "syntactic: the spaCy model 'no_such_model' is not installed"
+    except ImportError:
+        expected = "syntactic: spaCy is not installed (pip install .[syntax]): skipped."
+    err = ok(["analyze", data_dir, "--path", headprune_checkpoint, "-o", "roles", "--device",
+              "cpu", "--lrp-sentences", "0", "--max-sentences", "2", "--min-tokens", "1",
+              "--spacy-model", "no_such_model"], capsys, tmp_path)
+    assert expected in err
+    with open(tmp_path / "roles" / "roles.json") as f:
+        result = json.load(f)
+    assert "syntactic" not in result and any(n.startswith(expected) for n in result["notes"])
+    code, err = cli(["analyze", data_dir, "--path", headprune_checkpoint, "-o", "r2",
+                     "--conllu", "x.conllu", "--spacy-model", "m"], capsys, tmp_path)
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "fairseq-headprune analyze: error: give --conllu or --spacy-model, not both.")
+    assert not (tmp_path / "r2").exists()
+
+
+def test_detokenize_for_spacy():
+    S = syntax.SPACE
+    assert syntax.detokenize([S + "The", S + "ca", "t", "."]) == "The cat."
+    assert syntax.detokenize(["The", "ca@@", "t", "."]) == "The cat ."

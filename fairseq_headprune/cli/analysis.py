@@ -17,8 +17,11 @@ def named_file(text):
 
 
 def cmd_analyze(args):
+    from fairseq_headprune.errors import HeadPruneError
     from fairseq_headprune.evaluation.roles import analyze
 
+    if args.conllu and args.spacy_model:
+        raise HeadPruneError("give --conllu or --spacy-model, not both.")
     refuse_overwrite(args, args.path, args.data, args.conllu, args.importance,
                      *[file for _, file in args.overlay or []])
     result = analyze(args.data, args.path, args.output, subset=args.subset,
@@ -26,7 +29,8 @@ def cmd_analyze(args):
                      device=args.device, min_tokens=args.min_tokens, rare_share=args.rare_share,
                      lrp_sentences=args.lrp_sentences, conllu=args.conllu,
                      min_pairs=args.min_pairs, importance=args.importance,
-                     overlays=args.overlay or [], overlay_keep=args.overlay_keep)
+                     overlays=args.overlay or [], overlay_keep=args.overlay_keep,
+                     spacy_model=args.spacy_model)
     for name, rho in result.get("correlation", {}).get("spearman", {}).items():
         print(f"{name.replace('_', ' ')}: Spearman " + "  ".join(
             f"{k} {'-' if v is None else f'{v:+.3f}'}" for k, v in rho.items()))
@@ -62,6 +66,10 @@ def add_parsers(sub):
     p.add_argument("--conllu", help="dependency parses of the subset's source side, one "
                                     "CoNLL-U sentence per source sentence in order: adds "
                                     "syntactic heads (nsubj, dobj/obj, amod, advmod)")
+    p.add_argument("--spacy-model", metavar="NAME",
+                   help="instead of --conllu: parse the detokenised source with this spaCy "
+                        "pipeline (pip install .[syntax]; skipped with a note when spaCy or the "
+                        "model is missing), e.g. en_core_web_sm")
     p.add_argument("--min-pairs", type=count, default=20,
                    help="relations with fewer pairs are left out, with a note (default: "
                         "%(default)s)")

@@ -104,7 +104,8 @@ def syntax_tables(syntax: SyntaxPass, layout: HeadLayout, min_pairs: int, conllu
         margin[better], accuracy[better] = gain[better], acc[better]
         for layer, head in better.nonzero().tolist():
             names[layer][head] = key
-    part = {"conllu": os.path.abspath(conllu), "relations": relations,
+    source = conllu if conllu.startswith("spacy:") else os.path.abspath(conllu)
+    part = {"parses": source, "relations": relations,
             "word_attention": "from word i to word j: mean over i's pieces of the summed weight "
                               "on j's pieces; the head's choice is the word of maximum weight",
             "baseline": "per relation and direction, the most frequent relative offset"}
@@ -112,18 +113,32 @@ def syntax_tables(syntax: SyntaxPass, layout: HeadLayout, min_pairs: int, conllu
         names, notes
 
 
-def prepare_syntax(conllu: str, task, subset: str, model, max_sentences: Optional[int]):
-    """Read and check the parses against the source side (one sentence naming the first
-    mismatch); returns the :class:`SyntaxPass`."""
+def prepare_syntax(conllu: Optional[str], task, subset: str, max_sentences: Optional[int],
+                   spacy_model: Optional[str] = None):
+    """The :class:`SyntaxPass` of CoNLL-U parses (read and checked against the source side: one
+    sentence naming the first mismatch) or of spaCy parses of the detokenised source (sentences
+    whose pieces spaCy's words do not spell are left out); returns (pass or None, notes)."""
     from fairseq_headprune.methods.analysis.syntax import (
-        check_alignment, piece_words, read_conllu)
+        check_alignment, detokenize, parse_with_spacy, piece_words, read_conllu)
 
-    parses = read_conllu(conllu)
     dataset = task.dataset(subset)
     src_dict = task.source_dictionary
     n = min(max_sentences or len(dataset), len(dataset))
     sources = [[src_dict[t] for t in dataset.src[i].tolist() if t != src_dict.eos()]
                for i in range(n)]
-    check_alignment(parses, sources, conllu, subset, len(dataset))
-    owners = [piece_words(pieces, parses[i][0]) for i, pieces in enumerate(sources)]
-    return SyntaxPass(parses, owners)
+    if conllu:
+        parses = read_conllu(conllu)
+        check_alignment(parses, sources, conllu, subset, len(dataset))
+        return SyntaxPass(parses, [piece_words(p, parses[i][0])
+                                   for i, p in enumerate(sources)]), []
+    parses, note = parse_with_spacy([detokenize(p) for p in sources], spacy_model)
+    if parses is None:
+        return None, [note]
+    owners = [piece_words(p, parses[i][0]) for i, p in enumerate(sources)]
+    notes = []
+    missed = sum(o is None for o in owners)
+    if missed:
+        notes.append(f"syntactic: spaCy's words do not spell the source pieces of {missed} of "
+                     f"{n} sentences; they are left out.")
+    parses = [(w, arcs if owners[i] is not None else []) for i, (w, arcs) in enumerate(parses)]
+    return SyntaxPass(parses, owners), notes

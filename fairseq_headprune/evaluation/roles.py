@@ -141,7 +141,8 @@ def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
             max_sentences: Optional[int] = 500, max_tokens: int = 4000, device: str = "cpu",
             min_tokens: int = 100, rare_share: float = 0.5, lrp_sentences: int = 50,
             conllu: Optional[str] = None, min_pairs: int = 20, importance: Optional[str] = None,
-            overlays: Sequence = (), overlay_keep: float = 0.5) -> Dict:
+            overlays: Sequence = (), overlay_keep: float = 0.5,
+            spacy_model: Optional[str] = None) -> Dict:
     """Measure every head of ``path`` on ``subset`` of ``data``; write ``roles.json`` and
     ``roles.csv`` into ``output_dir``; return the JSON dict (see the module docstring)."""
     check_inputs(path, data, subset)
@@ -153,7 +154,9 @@ def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
     counts = torch.tensor(src_dict.count, dtype=torch.long, device=device)
     stats = RoleCounts(layout)
     task.load_dataset(subset)
-    syntax = prepare_syntax(conllu, task, subset, model, max_sentences) if conllu else None
+    syntax, notes = None, []
+    if conllu or spacy_model:
+        syntax, notes = prepare_syntax(conllu, task, subset, max_sentences, spacy_model)
     total = min(max_sentences or len(task.dataset(subset)), len(task.dataset(subset)))
     progress = tqdm(total=total, desc="analyze: attention", unit="sent")
     with torch.no_grad(), record_attention(model) as maps:
@@ -168,7 +171,6 @@ def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
         raise HeadPruneError(f"the '{subset}' split of {data} has no sentence the model can "
                              f"read; nothing was written.")
     tables = stats.tables()
-    notes = []
     for kind, n in stats.tokens.items():
         if n < min_tokens:
             note = (f"{kind}: {n} counted tokens in {stats.sentences} sentences, fewer than "
@@ -181,7 +183,7 @@ def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
     syntactic, relation_names = None, None
     if syntax is not None:
         syntactic, syntax_measures, relation_names, syntax_notes = syntax_tables(
-            syntax, layout, min_pairs, conllu)
+            syntax, layout, min_pairs, conllu or f"spacy:{spacy_model}")
         tables.update(syntax_measures)
         notes.extend(syntax_notes)
     predictions = 0

@@ -178,3 +178,32 @@ class SyntaxCounts:
         if not self.pairs:
             notes.append("syntactic: the parses hold no nsubj, dobj/obj, amod or advmod arc.")
         return out, notes
+
+
+def parse_with_spacy(texts: Sequence[str], model: str):
+    """Parse raw sentences with a spaCy pipeline (the optional ``syntax`` extra): the same
+    (words, arcs) as :func:`read_conllu`, or (None, note) when spaCy or the model is missing,
+    so that the syntactic measure is skipped with a note instead of failing."""
+    try:
+        import spacy
+    except ImportError:
+        return None, "syntactic: spaCy is not installed (pip install .[syntax]): skipped."
+    try:
+        nlp = spacy.load(model)
+    except OSError:
+        return None, (f"syntactic: the spaCy model '{model}' is not installed (python -m spacy "
+                      f"download {model}): skipped.")
+    label = {name: rel for rel, names in RELATIONS.items() for name in names}
+    parses = []
+    for doc in nlp.pipe(texts):
+        arcs = [(t.i, t.head.i, label[t.dep_.split(":")[0]]) for t in doc
+                if t.head.i != t.i and t.dep_.split(":")[0] in label]
+        parses.append(([t.text for t in doc], arcs))
+    return parses, None
+
+
+def detokenize(pieces: Sequence[str]) -> str:
+    """Raw text of a sentence's source pieces: sentencepiece, BPE (``@@``) or plain tokens."""
+    if any(p.startswith(SPACE) for p in pieces):
+        return "".join(pieces).replace(SPACE, " ").strip()
+    return " ".join(pieces).replace("@@ ", "").strip()
