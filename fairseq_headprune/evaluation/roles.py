@@ -154,6 +154,10 @@ def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
     counts = torch.tensor(src_dict.count, dtype=torch.long, device=device)
     stats = RoleCounts(layout)
     task.load_dataset(subset)
+    if lrp_sentences:  # before the long passes
+        from fairseq_headprune.methods.analysis.lrp_model import check_supported
+
+        check_supported(model)
     syntax, notes = None, []
     if conllu or spacy_model:
         syntax, notes = prepare_syntax(conllu, task, subset, max_sentences, spacy_model)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_headprune.errors import HeadPruneError
+from fairseq_headprune.heads.layout import attention_modules
 from fairseq_headprune.methods.analysis.lrp import (
     _scaled, attention_parts, relprop_attention, relprop_ffn, relprop_layer_norm,
     relprop_linear, relprop_residual, total, transition)
@@ -62,6 +63,9 @@ def check_supported(model):
             if any(getattr(layer, name, None) is not None for name in extras):
                 raise HeadPruneError("LRP does not support NormFormer layers (--scale-attn, "
                                      "--scale-fc, --scale-heads, --scale-resids).")
+    if any(hasattr(module, "key_dim") for _, _, module in attention_modules(model)):
+        raise HeadPruneError("LRP is not implemented for collaborative attention; run analyze "
+                             "with --lrp-sentences 0.")
     if getattr(model.decoder, "output_projection", None) is None or getattr(
             model.decoder, "adaptive_softmax", None) is not None:
         raise HeadPruneError("LRP needs a plain output projection (no adaptive softmax).")
