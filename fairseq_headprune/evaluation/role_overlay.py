@@ -35,9 +35,12 @@ def overlay_survivors(name: str, path: str, layout: HeadLayout, keep: float) -> 
     if not os.path.isfile(path):
         raise HeadPruneError(f"{what}: the file does not exist.")
     if _is_checkpoint(path):
-        from fairseq_headprune.pruning.checkpoint import checkpoint_layout, load_checkpoint
+        from fairseq_headprune.pruning.checkpoint import (
+            checkpoint_layout, load_checkpoint, require_headprune)
 
-        theirs = checkpoint_layout(load_checkpoint(path))
+        state = load_checkpoint(path)
+        require_headprune(state, path)  # gated checkpoints: fold first (the hint says how)
+        theirs = checkpoint_layout(state)
         _same_shape({k: torch.empty(theirs.num_layers(k), theirs.num_heads[k])
                      for k in theirs.kept}, layout, what)
         kept, source = theirs.kept, "checkpoint"
@@ -75,15 +78,25 @@ def overlay_survivors(name: str, path: str, layout: HeadLayout, keep: float) -> 
             "counts": {k: sum(len(x) for x in v) for k, v in kept.items()}}
 
 
-def compare_with_importance(tables, importance: str, layout: HeadLayout):
-    """Michel et al.'s importance of the same model, masked to its heads, and Spearman's rho of
-    relevance and confidence against it, per type and over all heads."""
-    from fairseq_headprune.heads.rank import correlate
+def read_scores(importance: str, layout: HeadLayout):
+    """Michel et al.'s importance of the analysed model (one sentence for a file of another
+    shape), NaN where the model has no head."""
     from fairseq_headprune.heads.scores import read_importance
 
     scores = read_importance(importance)
     _same_shape(scores, layout, f"--importance {importance}")
-    scores = {k: v + (tables["confidence"][k] * 0) for k, v in scores.items()}  # NaN: removed
+    for kind, table in scores.items():
+        for layer, kept in enumerate(layout.kept[kind]):
+            gone = [h for h in range(table.size(1)) if h not in kept]
+            table[layer, gone] = math.nan
+    return scores
+
+
+def compare_with_importance(tables, scores, importance: str):
+    """Spearman's rho of relevance and confidence against the importance ``scores``, per type
+    and over all heads."""
+    from fairseq_headprune.heads.rank import correlate
+
     correlation = {f"{name}_vs_importance": correlate(tables[name], scores)
                    for name in ("relevance", "confidence") if name in tables}
-    return scores, {"importance": os.path.abspath(importance), "spearman": correlation}
+    return {"importance": os.path.abspath(importance), "spearman": correlation}

@@ -35,7 +35,8 @@ from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.evaluation.decode import batches, check_inputs, load_model
 from fairseq_headprune.evaluation.role_measures import (
     _table, _to, prepare_syntax, relevance_tables, syntax_tables)
-from fairseq_headprune.evaluation.role_overlay import compare_with_importance, overlay_survivors
+from fairseq_headprune.evaluation.role_overlay import (
+    compare_with_importance, overlay_survivors, read_scores)
 from fairseq_headprune.heads.layout import ATTENTION_TYPES, HeadLayout
 from fairseq_headprune.heads.scores import to_lists
 from fairseq_headprune.io import atomic_path, data_fingerprint, write_json
@@ -150,6 +151,7 @@ def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
     layout = HeadLayout.from_model(model)
     methods = {name: overlay_survivors(name, file, layout, overlay_keep)
                for name, file in overlays}  # every input checked before the long passes
+    scores = read_scores(importance, layout) if importance else None
     src_dict = task.source_dictionary
     counts = torch.tensor(src_dict.count, dtype=torch.long, device=device)
     stats = RoleCounts(layout)
@@ -195,8 +197,9 @@ def analyze(data: str, path: str, output_dir: str, subset: str = "valid",
         tables["relevance"], predictions = relevance_tables(model, task, subset, layout,
                                                             lrp_sentences, device)
     correlation = None
-    if importance:
-        tables["importance"], correlation = compare_with_importance(tables, importance, layout)
+    if scores is not None:
+        tables["importance"] = scores
+        correlation = compare_with_importance(tables, scores, importance)
     result = {
         "method": METHOD, "checkpoint": os.path.abspath(path), "data": os.path.abspath(data),
         "subset": subset, "data_sha256": data_fingerprint(data, subset),
