@@ -204,3 +204,17 @@ def test_scores_of_another_model_are_refused(option, headprune_checkpoint, data_
         f"{{'E': [1, 2], 'D': [1, 2]}}, not the analysed model's "
         f"{{'E': [2, 4], 'D': [2, 4], 'A': [2, 4]}}.")
     assert sorted(os.listdir(tmp_path)) == ["other.json"]
+
+
+def test_a_converted_stock_checkpoint(stock_checkpoint, data_dir, tmp_path, capsys):
+    from fairseq_headprune.cli import main
+
+    converted = tmp_path / "converted.pt"
+    main(["convert", "--path", stock_checkpoint, "-o", str(converted)])
+    main(["analyze", data_dir, "--path", str(converted), "-o", str(tmp_path / "r"), "--device",
+          "cpu", "--max-sentences", "4", "--lrp-sentences", "1", "--min-tokens", "1"])
+    with open(tmp_path / "r" / "roles.json") as f:
+        result = json.load(f)
+    assert result["sentences"] == 4 and result["lrp"]["sentences"] == 1
+    relevance = result["measures"]["relevance"]
+    assert all(abs(sum(row) - 1) < 1e-9 for k in "EDA" for row in relevance[k])
