@@ -24,9 +24,14 @@ setup(
         # CP decomposition for collaborative attention (Cordonnier et al. 2020), on its PyTorch
         # backend, as the authors; pinned: parafac's defaults are part of the method
         "tensorly==0.10.0",
+        # CoNLL-U dependency parses for Voita et al.'s syntactic heads (analyze --conllu);
+        # pinned: its token fields and error types are what the reader relies on
+        "conllu==6.0.0",
     ],
     # pytest-xdist: the suite runs its files on every core (`pytest -n auto`); pinned with the
     # scheduling option (--dist loadfile) the suite relies on
-    extras_require={"test": ["pytest", "pytest-xdist==3.8.0"]},
+    extras_require={"test": ["pytest", "pytest-xdist==3.8.0"],
+                    # analyze --spacy-model: parse the source side instead of giving CoNLL-U
+                    "syntax": ["spacy==3.8.18"]},
     entry_points={"console_scripts": ["fairseq-headprune = fairseq_headprune.cli:main"]},
 )

@@ -62,6 +62,12 @@ CASES = [
      "letters among E (encoder self), D (decoder self), A (encoder-decoder), got 'EX'"),
     ("choose", ["--importance", "x.json", "--per-module", "0"], "--per-module",
      "a whole number >= 1, got '0'"),
+    ("analyze", ["d", "--path", "m.pt", "-o", "out", "--max-sentences", "0"],
+     "--max-sentences", "a whole number >= 1, got '0'"),
+    ("analyze", ["d", "--path", "m.pt", "-o", "out", "--rare-share", "1.5"], "--rare-share",
+     "a share in (0, 1], got '1.5'"),
+    ("analyze", ["d", "--path", "m.pt", "-o", "out", "--overlay", "gates.pt"], "--overlay",
+     "NAME=FILE, got 'gates.pt'"),
     ("collab", ["--path", "m.pt", "--key-dim", "x", "-o", "o.pt"], "--key-dim",
      "invalid int value: 'x'"),
     ("collab", ["--path", "m.pt", "--key-dim", "8", "--cp-iters", "0", "-o", "o.pt"],
@@ -126,6 +132,7 @@ def foreign_data(tmp_path_factory):
     ("ablate", []),
     ("evaluate", []),
     ("bench", ["--pruned", "{ckpt}"]),
+    ("analyze", []),
 ])
 @pytest.mark.parametrize("case", ["missing", "dictionary", "split"])
 def test_data_that_cannot_serve_the_model(command, extra, case, headprune_checkpoint, data_dir,
@@ -175,6 +182,7 @@ def sha256(path):
     ("bench", ["{data}", "--path", "{ckpt}", "--pruned", "{ckpt}"]),
     ("compare", ["{data}", "--runs", "a={ckpt}", "b={ckpt}"]),
     ("corpus", []),
+    ("analyze", ["{data}", "--path", "{ckpt}"]),
 ])
 def test_an_unwritable_output_is_refused_before_any_work(command, args, headprune_checkpoint,
                                                         data_dir, importance_file, tmp_path,
@@ -246,6 +254,7 @@ COMMANDS_WITH_A_CHECKPOINT = {
     "evaluate": ["{data}", "--paths", "{bad}", "-o", "{out}/x.json"],
     "bench": ["{data}", "--path", "{ckpt}", "--pruned", "{bad}", "-o", "{out}/x.json"],
     "compare": ["{data}", "--runs", "a={ckpt}", "b={bad}", "-o", "{out}/compare"],
+    "analyze": ["{data}", "--path", "{bad}", "-o", "{out}/roles"],
 }
 CHECKPOINT_CLASSES = {
     "missing": "checkpoint {bad} does not exist.",

@@ -1,5 +1,6 @@
-"""The offline demo, the Voita, DSP, GHA and collaborative-attention reproductions and the
-comparison of all methods (scripts/compare.sh) in their QUICK modes, end to end (tiny model)."""
+"""The offline demo, the Voita, DSP, GHA, head-role analysis and collaborative-attention
+reproductions and the comparison of all methods (scripts/compare.sh) in their QUICK modes, end to
+end (tiny model)."""
 
 import csv
 import json
@@ -94,6 +95,17 @@ def test_quick_demo_and_reproductions(tmp_path):
     for mode in ("token", "sentence", "batch"):
         with open(os.path.join(demo, "importance_modes", f"{mode}.json")) as f:
             assert json.load(f)["absolute"] == mode
+
+    out = sh("scripts/reproduce/analysis_demo.sh", DEMO=demo)  # QUICK: 20 sentences, LRP on 2
+    with open(os.path.join(demo, "roles", "roles.json")) as f:
+        roles = json.load(f)
+    assert roles["sentences"] == 20 and roles["lrp"]["sentences"] == 2
+    assert set(roles["overlay"]["methods"]) == {"michel", "voita", "dsp"}
+    assert set(roles["correlation"]["spearman"]) == {"relevance_vs_importance",
+                                                     "confidence_vs_importance"}
+    for name in ("roles.csv", "overlay.png", "relevance.png", "confidence.png"):
+        assert os.path.getsize(os.path.join(demo, "roles", name)) > 0, name
+    assert "| relevance | " in out and "| michel | " in out
 
     sh("scripts/reproduce/collab_demo.sh", DEMO=demo)  # QUICK: E,D,A at D~k 32 (full) and 8
     with open(os.path.join(demo, "collab", "collab.json")) as f:

@@ -2,7 +2,8 @@
 subcommand modules of this package and dispatches; no logic lives here.
 
 Subcommand groups: :mod:`.checkpoints` (convert, prune, fold, inspect), :mod:`.scoring` (importance,
-choose), :mod:`.evaluation` (sweep, ablate, evaluate, bench, compare), :mod:`.data` (corpus).
+choose), :mod:`.evaluation` (sweep, ablate, evaluate, bench, compare), :mod:`.data` (corpus),
+:mod:`.analysis` (analyze).
 """
 
 import argparse
@@ -10,10 +11,10 @@ import logging
 import sys
 import warnings
 
-from fairseq_headprune.cli import checkpoints, data, evaluation, scoring
+from fairseq_headprune.cli import analysis, checkpoints, data, evaluation, scoring
 from fairseq_headprune.errors import HeadPruneError
 
-GROUPS = (checkpoints, data, scoring, evaluation)
+GROUPS = (checkpoints, data, scoring, evaluation, analysis)
 
 
 def build_parser() -> argparse.ArgumentParser:

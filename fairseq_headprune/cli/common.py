@@ -39,6 +39,7 @@ count0 = _checked(int, lambda v: v >= 0, "a whole number >= 0")
 fraction = _checked(float, lambda v: math.isfinite(v) and 0 <= v < 1, "a fraction in [0, 1)")
 share = _checked(float, lambda v: math.isfinite(v) and 0 < v < 0.5, "a share in (0, 0.5)")
 share_open = _checked(float, lambda v: math.isfinite(v) and 0 < v < 1, "a share in (0, 1)")
+portion = _checked(float, lambda v: math.isfinite(v) and 0 < v <= 1, "a share in (0, 1]")
 amount = _checked(float, lambda v: math.isfinite(v) and v > 0,
                   "a fraction (< 1) or a count (>= 1) of heads, above 0")
 floats = _list_of(fraction)  # e.g. --levels 0,0.1,0.5

@@ -7,7 +7,7 @@ import os
 from typing import Dict, Optional
 
 from fairseq_headprune.evaluation import (
-    budget_table, collab_table, compare, gha_table, head_table)
+    budget_table, collab_table, compare, gha_table, head_table, roles_table)
 from fairseq_headprune.evaluation.bench import figure, speed_table
 from fairseq_headprune.heads.layout import TYPE_NAMES
 from fairseq_headprune.io import write_text
@@ -41,6 +41,10 @@ REPRODUCTIONS = (
      "(`scripts/reproduce/collab_demo.sh`: `fairseq-headprune collab`, CP decomposition of each "
      "module's query-key products), without retraining and after plain fine-tuning, in the "
      "layout of their translation table:"),
+    ("roles", roles_table,
+     "Voita et al. (2019) head roles of this model (`scripts/reproduce/analysis_demo.sh`: "
+     "`fairseq-headprune analyze`), with the heads Michel et al.'s ranking and the other "
+     "methods keep:"),
     ("compare", compare,
      "Every method on this model at the same budgets (`scripts/compare.sh`, then "
      "`fairseq-headprune compare`): the share of all heads kept (collaborative attention: of "
