@@ -25,6 +25,11 @@ setup(
         # backend, as the authors; pinned: parafac's defaults are part of the method
         "tensorly==0.10.0",
     ],
-    extras_require={"test": ["pytest"]},
+    extras_require={
+        "test": ["pytest"],
+        # scripts/reproduce/*: Moses tokenisation/detokenisation and subword-nmt BPE of the
+        # papers' data (fairseq_headprune.data.prepare) instead of cloned tool trees
+        "repro": ["sacremoses==0.1.1", "subword-nmt==0.3.8"],
+    },
     entry_points={"console_scripts": ["fairseq-headprune = fairseq_headprune.cli:main"]},
 )
