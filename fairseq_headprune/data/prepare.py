@@ -112,9 +112,13 @@ class Moses:
             line = remove_non_printing(self.normalizer.normalize(line))
         out = self.tokenizer.tokenize(line, aggressive_dash_splits=self.aggressive,
                                       return_str=True, escape=True)
-        if self.compounds:
-            out = out.replace(" @-@ ", " ##AT##-##AT## ")
-        return out.lower() if self.lowercase else out
+        out = out.lower() if self.lowercase else out
+        return mark_compounds(out) if self.compounds else out
+
+
+def mark_compounds(line: str) -> str:
+    """GHA's ``##AT##-##AT##`` for the ``@-@`` of Moses' aggressive hyphen splitting."""
+    return line.replace(" @-@ ", " ##AT##-##AT## ")
 
 
 _WORKER: Optional[Callable] = None
@@ -209,7 +213,7 @@ def _pair(src: List[str], tgt: List[str], what: str):
 def iwslt14(orig, merges=10000, split_compounds=False, workers=1, **_) -> Dict:
     src, tgt, lang = "de", "en", "de-en"
     data = {}
-    tok = {l: Moses(l, compounds=split_compounds) for l in (src, tgt)}
+    tok = {l: Moses(l, aggressive=split_compounds) for l in (src, tgt)}
     lc = {l: Moses(l, lowercase=True, compounds=split_compounds) for l in (src, tgt)}
     raw = {l: iwslt_train_lines(os.path.join(orig, lang, f"train.tags.{lang}.{l}"))
            for l in (src, tgt)}
@@ -218,6 +222,8 @@ def iwslt14(orig, merges=10000, split_compounds=False, workers=1, **_) -> Dict:
     t[src], t[tgt] = clean(t[src], t[tgt], 1.5, 1, 175)
     for l in (src, tgt):
         t[l] = [x.lower() for x in t[l]]
+        if split_compounds:
+            t[l] = [mark_compounds(x) for x in t[l]]
         data["train", l], data["valid", l] = every_nth(t[l], 23)
         data["test", l] = []
         for name in IWSLT_TEST:

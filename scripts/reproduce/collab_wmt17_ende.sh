@@ -51,12 +51,13 @@ row unpruned concat-1024 "baseline"
 
 n=0
 for key in $KEY_DIMS; do
-  n=$((n + 1))
+  n=$((n + 1)); rid="collab-$key"
+  case "$key" in 256|128|64|32) ;; *) rid=- ;; esac  # the paper's key sizes
   if [ "$SCRATCH" = 1 ]; then
     echo "== 3/4 ($n) collaborative attention from scratch, D~k $key"
     train "collab-scratch-$key" 0 "${COMMON[@]}" --collab-key-dim "$key"
     save_model "collab-scratch-$key" "$OUT/runs/collab-scratch-$key/checkpoint_last.pt"
-    row "collab-scratch-$key" "collab-$key" "from scratch"
+    row "collab-scratch-$key" "$rid" "from scratch"
   fi
   echo "== 3/4 ($n) baseline re-parametrised to D~k $key, fine-tuned $FT_UPDATES updates"
   [ -f "$OUT/models/reparam-$key.pt" ] || fairseq-headprune collab --path "$BASELINE" \
@@ -65,7 +66,7 @@ for key in $KEY_DIMS; do
   restore "collab-reparam-$key" "$OUT/models/reparam-$key.pt" "$FT_UPDATES" "${COMMON[@]}" \
     --max-epoch 0
   save_model "collab-reparam-$key" "$OUT/runs/collab-reparam-$key/checkpoint_last.pt"
-  row "collab-reparam-$key" "collab-$key" "re-parametrised + $FT_UPDATES updates"
+  row "collab-reparam-$key" "$rid" "re-parametrised + $FT_UPDATES updates"
 done
 
 echo "== 4/4 BLEU of every model; the paper's table beside ours"
