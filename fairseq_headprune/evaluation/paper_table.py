@@ -206,6 +206,22 @@ def markdown(data: Dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def readme_block(name: str, results: str) -> str:
+    """The README block of table ``name``: ``markdown`` of ``RESULTS/NAME/NAME.json`` when a
+    reproduction's results are committed there, else the paper's numbers alone."""
+    path = os.path.join(results, name, f"{name}.json")
+    if os.path.exists(path):
+        return markdown(_load(path))
+    paper = PAPERS[name]
+    lines = ["| paper row | paper |", "|---|---:|"]
+    for r in paper["rows"]:
+        unit = "" if r["unit"] == "BLEU" else f" ({r['unit']})"
+        lines.append(f"| {r['what']}{unit} | {_fmt(r['paper'], r['unit'])} |")
+    lines.append(f"\nPaper: {paper['source']}. Not yet run here at full scale.")
+    lines += [f"- {n}" for n in sorted({r["note"] for r in paper["rows"] if r["note"]})]
+    return "\n".join(lines) + "\n"
+
+
 def write_csv(path: str, rows: List[Dict]):
     buf = io.StringIO()
     w = csv.writer(buf)
