@@ -274,3 +274,76 @@ def test_reproduce_scripts(mirror, tmp_path):
         ("concat-1024", "unpruned"), ("concat-256", ""), ("concat-128", ""), ("concat-64", ""),
         ("concat-32", ""), ("collab-256", ""), ("collab-128", ""), ("collab-64", ""),
         ("collab-32", ""), ("-", "collab-scratch-8"), ("-", "collab-reparam-8")]
+
+
+def test_clean_and_split_rules():
+    """clean-corpus-n.perl's length and ratio rules and awk's NR%n split, on hand-made lines."""
+    from fairseq_headprune.data.prepare import clean, every_nth
+
+    src = ["a b", "a  b c", "a", "a b c d", ""]
+    tgt = ["x y", "x y", "x y", "x y z w v w", "x"]
+    # 2/2 kept; 3/2 = 1.5 kept (whitespace collapsed); 1/2 ratio 2 dropped; 6 tokens > 5
+    # dropped; 0 tokens dropped
+    assert clean(src, tgt, 1.5, 1, 5) == (["a b", "a b c"], ["x y", "x y"])
+    assert every_nth(list("abcdefg"), 3) == (list("abdeg"), list("cf"))
+
+
+def test_download_errors(tmp_path):
+    """A URL that cannot be read and a broken archive are one sentence each; no .part is left."""
+    from fairseq_headprune.data.download import extract, fetch
+    from fairseq_headprune.errors import HeadPruneError
+
+    with pytest.raises(HeadPruneError, match=r"^could not download file://.*/nothing\.tgz: "):
+        fetch(f"file://{tmp_path}/nothing.tgz", str(tmp_path / "orig"))
+    assert not os.path.exists(tmp_path / "orig" / "nothing.tgz.part")
+    bad = tmp_path / "bad.tgz"
+    bad.write_bytes(b"not a tar archive")
+    with pytest.raises(HeadPruneError, match=r"bad\.tgz is not a readable archive: delete it and rerun"):
+        extract(str(bad))
+    assert not os.path.exists(tmp_path / ".bad.tgz.unpacked")
+
+
+def test_detokenizer_subword_nmt():
+    """BLEU of the papers' data is taken on plain text: BPE joined, Moses escapes and spacing
+    undone; a sentencepiece dictionary keeps the sentencepiece path."""
+    from argparse import Namespace
+
+    import torch
+    from fairseq.data import Dictionary
+
+    from fairseq_headprune.evaluation.decode import detokenizer
+
+    d = Dictionary()
+    for sym in ["Das", "ist", "&apos;s", ",", "Te@@", "st", "@-@", "Fall", "."]:
+        d.add_symbol(sym)
+    task = Namespace(target_dictionary=d, cfg=Namespace(target_lang="en"))  # English 's rule
+    ids = torch.tensor([d.index(s) for s in ["Das", "ist", "&apos;s", ",", "Te@@", "st", "@-@",
+                                             "Fall", "."]])
+    assert detokenizer(task)(ids) == "Das ist's, Test-Fall."
+    sp = Dictionary()
+    for sym in ["\u2581Das", "\u2581is", "t"]:
+        sp.add_symbol(sym)
+    ids = torch.tensor([sp.index(s) for s in ["\u2581Das", "\u2581is", "t"]])
+    assert detokenizer(Namespace(target_dictionary=sp, cfg=Namespace(target_lang="de")))(ids) \
+        == "Das ist"
+
+
+def test_paper_table_rows():
+    """Ours beside the paper's rows: a difference row takes BLEU minus the unpruned model's; a
+    row the paper has not is one sentence."""
+    from fairseq_headprune.errors import HeadPruneError
+    from fairseq_headprune.evaluation.paper_table import PAPERS, build, from_eval
+
+    evaluated = [{"label": "unpruned", "bleu": 30.0, "heads": {"E": 48}, "signature": "s",
+                  "sentences": 3},
+                 {"label": "enc", "bleu": 29.75, "heads": {"E": 10}, "signature": "s",
+                  "sentences": 3}]
+    ours_ = from_eval(PAPERS["voita-wmt-enru"], evaluated,
+                      [["unpruned", "baseline", ""], ["enc", "enc-10", "lambda 1"]])
+    rows = build("voita-wmt-enru", ours_)
+    assert [(r["row"], r["paper"], r["ours"]) for r in rows] == [
+        ("baseline", 29.6, 30.0), ("eda-1", 29.62, None), ("eda-2", 29.36, None),
+        ("eda-3", 29.06, None), ("eda-4", 28.90, None), ("enc-10", -0.15, -0.25)]
+    with pytest.raises(HeadPruneError, match="beside row 'eda-9', which the paper's table has "
+                                             "not"):
+        from_eval(PAPERS["voita-wmt-enru"], evaluated, [["enc", "eda-9", ""]])

@@ -67,9 +67,9 @@ def extract(path: str) -> bool:
                     raise HeadPruneError(f"{path} holds the unsafe member {m.name!r}.")
             for m in tqdm(members, desc=f"unpack {name}", unit="file"):
                 tar.extract(m, directory)
-    except (tarfile.TarError, EOFError, OSError) as err:
-        raise HeadPruneError(f"{path} is not a readable archive ({err}): delete it and rerun "
-                             f"to download it again.") from None
+    except (tarfile.TarError, EOFError, OSError):
+        raise HeadPruneError(f"{path} is not a readable archive: delete it and rerun to "
+                             f"download it again.") from None
     open(marker, "w").close()
     return True
 
