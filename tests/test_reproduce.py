@@ -139,7 +139,7 @@ def published_model(root, work):
     text = {"en": [Moses("en", True, True)(p[0]) for p in pairs],
             "fr": [Moses("fr", True, True)(p[1]) for p in pairs]}
     codes = os.path.join(work, "bpecodes")
-    learn_bpe([text["en"], text["fr"]], 40, codes)
+    learn_bpe([text["en"], text["fr"]], 200, codes)
     bpe = ApplyBPE(codes)
     for lang in text:
         for split, part in (("train", text[lang][:100]), ("valid", text[lang][100:])):
@@ -150,7 +150,6 @@ def published_model(root, work):
          "--destdir", os.path.join(work, "bin"), "--workers", "1"])
     run(["fairseq-train", os.path.join(work, "bin"), "--arch", "transformer",
          "--share-all-embeddings", *TINY_MODEL, *TRAIN, "--max-update", "150", "--save-interval", "1000",
-         "--max-target-positions", "48",
          "--save-dir", os.path.join(work, "ckpt"), "--no-epoch-checkpoints"])
     folder = "wmt14.en-fr.joined-dict.transformer"
     files = {f"{folder}/bpecodes": codes,
@@ -173,10 +172,11 @@ def mirror(tmp_path_factory):
     return root
 
 
-# tiny models; at most 47 target positions, so that beam search of a barely trained model stops
-# there instead of at fairseq's 200 tokens
+# tiny models; at most 31 target positions, so that beam search of a barely trained model stops
+# there instead of at fairseq's 200 tokens (BPE_MERGES=200 leaves the toy words whole: at most
+# about 20 tokens a sentence)
 TINY = " ".join(TINY_MODEL + ["--max-tokens", "1000", "--required-batch-size-multiple", "1",
-                              "--max-target-positions", "48",
+                              "--max-target-positions", "32",
                               "--skip-invalid-size-inputs-valid-test"])
 
 
@@ -188,7 +188,7 @@ def reproduce(script, mirror, work, **env):
             **os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"], "PY": sys.executable,
             "FAIR_URL": f"file://{mirror}/fair", "STATMT_URL": f"file://{mirror}/statmt",
             "STATMT_DATA_URL": f"file://{mirror}/data.statmt", "WORK": str(work),
-            "DATA_ROOT": str(work / "data"), "WORKERS": "1", "BPE_MERGES": "60",
+            "DATA_ROOT": str(work / "data"), "WORKERS": "1", "BPE_MERGES": "200",
             "MAX_UPDATE": "3", "SENTENCES": "4", "ARCH_OVERRIDES": TINY, "BEAM": "1", **env})
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
@@ -352,3 +352,27 @@ def test_paper_table_rows():
     with pytest.raises(HeadPruneError, match="beside row 'eda-9', which the paper's table has "
                                              "not"):
         from_eval(PAPERS["voita-wmt-enru"], evaluated, [["enc", "eda-9", ""]])
+
+
+def test_michel_rows_from_ablations():
+    """Michel's Table 2 rows from best-per-layer specs (the layer whose other heads are pruned),
+    Table 1 counts from single-head deltas, Figure 3 from the 'all' curve only."""
+    from fairseq_headprune.evaluation.paper_table import build, from_michel
+
+    sig = "nrefs:1|case:mixed"
+    best = {"rows": [{"spec": "", "bleu": 20.0, "delta": 0.0, "signature": sig},
+                     {"spec": "E:1:2,3,4", "bleu": 19.5, "delta": -0.5, "signature": sig},
+                     {"spec": "A:2:1,3,4", "bleu": 20.25, "delta": 0.25, "signature": sig}]}
+    single = {"rows": [{"spec": "", "delta": 0.0, "signature": sig}]
+              + [{"spec": f"E:1:{h}", "delta": d, "signature": sig}
+                 for h, d in enumerate([0.0, -0.3, 0.2, 0.0, 0.1], 1)]}
+    sweep = {"rows": [{"curve": c, "level": lv, "bleu": b, "heads_pruned": n, "heads_total": 24,
+                       "signature": sig}
+                      for c, lv, b, n in (("all", 0.2, 18.0, 5), ("E", 0.2, 19.0, 2),
+                                          ("all", 0.4, 15.0, 10))]}
+    rows = {r["row"]: r["ours"] for r in build("michel-wmt14-enfr",
+                                                from_michel(best, single, sweep))}
+    assert rows["unpruned"] == 20.0 and rows["table2-E1"] == -0.5 and rows["table2-A2"] == 0.25
+    assert rows["table2-D1"] is None
+    assert rows["table1-changed"] == 3 and rows["table1-improved"] == 2
+    assert rows["fig3-20"] == 18.0 and rows["fig3-40"] == 15.0 and rows["fig3-60"] is None

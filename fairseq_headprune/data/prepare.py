@@ -19,7 +19,8 @@ the pip packages ``sacremoses`` and ``subword-nmt`` (no cloned tool trees):
                  ratio 1.5, 1-250 on train and valid after BPE.
 ``wmt-en-ru``    Voita et al. (2019): the paper's "WMT EN-RU, 2.5M pairs" is not specified
                  further; here Common Crawl + News Commentary v12 ru-en (the archives the en-de
-                 recipe downloads), valid newstest2013, test newstest2014 (``test-full``); Moses
+                 recipe downloads), valid newstest2013 (``--valid``), test newstest2014
+                 (``--test-set``, from ``test-full``); Moses
                  tokenizer, lowercase, clean 1.5 / 1-250 (train), subword-nmt BPE with 32000
                  merges learned per language (the authors' README). These choices are ours.
 ``newstest``     Michel et al. (2019) on the published ``wmt14.en-fr.joined-dict.transformer``:
@@ -259,7 +260,8 @@ def wmt14_en_de(orig, merges=40000, nc="v12", valid="split", split_compounds=Fal
             "clean": ("after-bpe", ("train", "valid"), 1.5, 1, 250)}
 
 
-def wmt_en_ru(orig, merges=32000, workers=1, **_) -> Dict:
+def wmt_en_ru(orig, merges=32000, valid="newstest2013", test_set="newstest2014", workers=1,
+              **_) -> Dict:
     src, tgt = "en", "ru"
     corpora = ["commoncrawl.ru-en", "training/news-commentary-v12.ru-en"]
     data = {}
@@ -268,11 +270,11 @@ def wmt_en_ru(orig, merges=32000, workers=1, **_) -> Dict:
         data["train", l] = parallel_map(moses, _corpus(orig, corpora, l), workers,
                                         f"tokenise train.{l}")
         data["valid", l] = parallel_map(
-            moses, read_lines(os.path.join(orig, "dev", f"newstest2013.{l}")), workers,
+            moses, read_lines(os.path.join(orig, "dev", f"{valid}.{l}")), workers,
             f"tokenise valid.{l}")
         side = "src" if l == src else "ref"
         data["test", l] = parallel_map(
-            moses, seg_lines(os.path.join(orig, "test-full", f"newstest2014-ruen-{side}.{l}.sgm")),
+            moses, seg_lines(os.path.join(orig, "test-full", f"{test_set}-ruen-{side}.{l}.sgm")),
             workers, f"tokenise test.{l}")
     _pair(data["train", src], data["train", tgt], "the en-ru training corpora")
     data["train", src], data["train", tgt] = clean(data["train", src], data["train", tgt],
@@ -353,22 +355,23 @@ def main(argv=None):
                         "iwslt14 10000, wmt14-en-de 40000, wmt-en-ru 32000 per language)")
     parser.add_argument("--nc", choices=["v12", "v9"], default="v12",
                         help="wmt14-en-de: News Commentary version (default: %(default)s)")
-    parser.add_argument("--valid", default="split",
-                        help="wmt14-en-de: 'split' (every 100th training line) or a dev/ set "
-                             "such as newstest2013 (default: %(default)s)")
+    parser.add_argument("--valid",
+                        help="wmt14-en-de: 'split' (every 100th training line, the default) or a "
+                             "dev/ set such as newstest2013; wmt-en-ru: a dev/ set (default "
+                             "newstest2013)")
     parser.add_argument("--split-compounds", action="store_true",
                         help="iwslt14, wmt14-en-de: GHA's ##AT##-##AT## compound splitting")
     parser.add_argument("--codes", help="newstest: the model's BPE codes")
-    parser.add_argument("--valid-sets", default="newstest2009,newstest2010,newstest2011,"
-                        "newstest2012", help="newstest: the importance split (default: "
-                        "%(default)s)")
-    parser.add_argument("--test-set", default="newstest2013",
-                        help="newstest: the BLEU split (default: %(default)s)")
+    parser.add_argument("--valid-sets", help="newstest: the importance split (default: "
+                        "newstest2009,newstest2010,newstest2011,newstest2012)")
+    parser.add_argument("--test-set", help="newstest: the BLEU split from dev/ (default "
+                        "newstest2013); wmt-en-ru: the test-full/ set (default newstest2014)")
     parser.add_argument("--workers", type=int, default=1, help="(default: %(default)s)")
     opts = parser.parse_args(argv)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
     options = {k: getattr(opts, k) for k in ("nc", "valid", "split_compounds", "codes",
-                                             "valid_sets", "test_set")}
+                                             "valid_sets", "test_set")
+               if getattr(opts, k) is not None}
     if opts.merges is not None:
         if opts.merges < 1:
             parser.error(f"--merges must be a whole number >= 1, got {opts.merges}")

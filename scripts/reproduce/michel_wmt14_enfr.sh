@@ -27,7 +27,7 @@ repro_defaults
 OUT="${OUT:-$WORK/michel-wmt14-enfr}"
 MODEL_NAME="${MODEL_NAME:-wmt14.en-fr.joined-dict.transformer}"
 SCORE_SETS="${SCORE_SETS:-newstest2009,newstest2010,newstest2011,newstest2012}"
-TEST_SET="${TEST_SET:-newstest2013}"
+BLEU_SET="${BLEU_SET:-newstest2013}"
 LEVELS="${LEVELS:-0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9}"
 CURVES="${CURVES:-all E D A}"
 BATCH="${BATCH:-16}"                      # importance batch size (prune_wmt.sh)
@@ -43,11 +43,11 @@ for f in model.pt dict.en.txt dict.fr.txt bpecodes; do
   [ -f "$MDIR/$f" ] || { echo "$MODEL_NAME.tar.bz2 has no $MODEL_NAME/$f" >&2; exit 2; }
 done
 
-echo "== 2/7 $SCORE_SETS (importance) and $TEST_SET (BLEU), tokenised and BPE as the model"
+echo "== 2/7 $SCORE_SETS (importance) and $BLEU_SET (BLEU), tokenised and BPE as the model"
 TEXT="$DATA_ROOT/text/newstest.$MODEL_NAME"
 [ -f "$TEXT/prepare.json" ] || "$PY" -m fairseq_headprune.data.prepare newstest \
   --orig "$DATA_ROOT/orig/wmt14-dev" -o "$TEXT" --codes "$MDIR/bpecodes" \
-  --valid-sets "$SCORE_SETS" --test-set "$TEST_SET" --workers "$WORKERS"
+  --valid-sets "$SCORE_SETS" --test-set "$BLEU_SET" --workers "$WORKERS"
 BIN="$DATA_ROOT/bin/newstest.$MODEL_NAME"
 binarize "$TEXT" "$BIN" en fr --srcdict "$MDIR/dict.en.txt" --tgtdict "$MDIR/dict.fr.txt"
 
@@ -59,7 +59,7 @@ echo "== 4/7 head importance on $SCORE_SETS"
 [ -f "$OUT/importance.json" ] || fairseq-headprune importance "$BIN" --path "$MODEL" \
   --subset valid -o "$OUT/importance.json" --batch-size "$BATCH" "${DEVICE_ARGS[@]}"
 
-echo "== 5/7 sweep: BLEU on $TEST_SET against the share of heads pruned (Figure 3)"
+echo "== 5/7 sweep: BLEU on $BLEU_SET against the share of heads pruned (Figure 3)"
 fairseq-headprune sweep "$BIN" --path "$MODEL" --importance "$OUT/importance.json" \
   -o "$OUT/sweep" --levels "$LEVELS" --curves $CURVES --beam "$BEAM" "${LIMIT[@]}" \
   --device "$DEVICE"

@@ -14,7 +14,8 @@
 #
 # Facts the paper does not give, decided here (change them with the variables):
 #   - the data: "WMT EN-RU, 2.5M pairs" is not specified; Common Crawl + News Commentary v12
-#     ru-en (about 1.1M pairs), valid newstest2013, test newstest2014 (TEST sets: see prepare.py);
+#     ru-en (about 1.1M pairs), valid VALID_SET=newstest2013 (WMT17 dev/), test
+#     TEST_SET=newstest2014 (WMT14 test-full/);
 #   - the lambda of each table row is not published: LAMBDAS' i-th value is set beside the
 #     paper's i-th row (eda-1..eda-4); ENC_LAMBDA beside the encoder-only result;
 #   - training length: the authors stopped by hand; BASE_UPDATES and GATE_UPDATES;
@@ -40,17 +41,20 @@ GATE_UPDATES="${GATE_UPDATES:-20000}"
 MAX_TOKENS="${MAX_TOKENS:-4000}"
 LR="${LR:-0.0014}"
 BEAM="${BEAM:-4}"
+VALID_SET="${VALID_SET:-newstest2013}"     # our choice (the paper does not say)
+TEST_SET="${TEST_SET:-newstest2014}"       # our choice (the paper does not say)
 MANIFEST="$OUT/runs.tsv"
 mkdir -p "$OUT"; : > "$MANIFEST.new"
 
-echo "== 1/5 data: WMT EN-RU (Common Crawl + News Commentary v12), newstest2013/2014"
+echo "== 1/5 data: WMT EN-RU (Common Crawl + News Commentary v12), $VALID_SET, $TEST_SET"
 fetch "$DATA_ROOT/orig/wmt" "$STATMT_URL/wmt13/training-parallel-commoncrawl.tgz" \
   "$STATMT_DATA_URL/wmt17/translation-task/training-parallel-nc-v12.tgz" \
   "$STATMT_DATA_URL/wmt17/translation-task/dev.tgz" "$STATMT_URL/wmt14/test-full.tgz"
-TEXT="$DATA_ROOT/text/wmt_en_ru"
+TEXT="$DATA_ROOT/text/wmt_en_ru.$VALID_SET.$TEST_SET"
 [ -f "$TEXT/prepare.json" ] || "$PY" -m fairseq_headprune.data.prepare wmt-en-ru \
-  --orig "$DATA_ROOT/orig/wmt" -o "$TEXT" "${MERGES[@]}" --workers "$WORKERS"
-BIN="$DATA_ROOT/bin/wmt_en_ru"
+  --orig "$DATA_ROOT/orig/wmt" -o "$TEXT" --valid "$VALID_SET" --test-set "$TEST_SET" \
+  "${MERGES[@]}" --workers "$WORKERS"
+BIN="$DATA_ROOT/bin/wmt_en_ru.$VALID_SET.$TEST_SET"
 binarize "$TEXT" "$BIN" en ru
 
 COMMON=(--arch transformer_headprune --dropout 0.1 --attention-dropout 0.1
