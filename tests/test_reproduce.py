@@ -6,8 +6,6 @@ wmt14.en-fr.joined-dict.transformer) served through file:// URL bases, tiny mode
 The scripts share one DATA_ROOT, as users' runs do, so the IWSLT14 and WMT preparations are done
 once and found done by the next script (stage skipping)."""
 
-import bz2
-import gzip  # noqa: F401  (tarfile's gz mode)
 import io
 import json
 import os
