@@ -28,10 +28,15 @@ setup(
         # pinned: its token fields and error types are what the reader relies on
         "conllu==6.0.0",
     ],
-    # pytest-xdist: the suite runs its files on every core (`pytest -n auto`); pinned with the
-    # scheduling option (--dist loadfile) the suite relies on
-    extras_require={"test": ["pytest", "pytest-xdist==3.8.0"],
-                    # analyze --spacy-model: parse the source side instead of giving CoNLL-U
-                    "syntax": ["spacy==3.8.18"]},
+    extras_require={
+        # pytest-xdist: the suite runs its files on every core (`pytest -n auto`); pinned with
+        # the scheduling option (--dist loadfile) the suite relies on
+        "test": ["pytest", "pytest-xdist==3.8.0"],
+        # analyze --spacy-model: parse the source side instead of giving CoNLL-U
+        "syntax": ["spacy==3.8.18"],
+        # scripts/reproduce/*: Moses tokenisation/detokenisation and subword-nmt BPE of the
+        # papers' data (fairseq_headprune.data.prepare) instead of cloned tool trees
+        "repro": ["sacremoses==0.1.1", "subword-nmt==0.3.8"],
+    },
     entry_points={"console_scripts": ["fairseq-headprune = fairseq_headprune.cli:main"]},
 )

@@ -3,15 +3,19 @@
 
 Each block between ``<!-- results:NAME:start -->`` and ``<!-- results:NAME:end -->`` is replaced
 by ``fairseq_headprune.summary.summarize(docs/results/NAME)`` (a sentence saying so where that
-folder does not exist yet), and each block between
+folder does not exist yet), each block between
 ``<!-- output:FILE:start -->`` and ``<!-- output:FILE:end -->`` by FILE (a command transcript under
-docs/results) in a code fence; nothing in them is typed by hand.
+docs/results) in a code fence, and each block between ``<!-- paper:NAME:start -->`` and
+``<!-- paper:NAME:end -->`` by the paper's table NAME of ``fairseq_headprune.evaluation.paper_table``
+(with our numbers beside the paper's once docs/results/reproduce/NAME/NAME.json exists); nothing
+in them is typed by hand.
 """
 
 import argparse
 import os
 import re
 
+from fairseq_headprune.evaluation.paper_table import readme_block
 from fairseq_headprune.evaluation.summary import summarize
 from fairseq_headprune.io import write_text
 
@@ -37,10 +41,16 @@ def main():
             body = f.read()
         return f"<!-- output:{name}:start -->\n```\n{body}```\n<!-- output:{name}:end -->"
 
+    def paper(match):
+        name = match.group(1)
+        body = readme_block(name, os.path.join(opts.results, "reproduce"))
+        return f"<!-- paper:{name}:start -->\n{body}<!-- paper:{name}:end -->"
+
     new = re.sub(r"<!-- results:([\w-]+):start -->.*?<!-- results:\1:end -->", block, text,
                  flags=re.S)
     new = re.sub(r"<!-- output:([\w./-]+):start -->.*?<!-- output:\1:end -->", output, new,
                  flags=re.S)
+    new = re.sub(r"<!-- paper:([\w-]+):start -->.*?<!-- paper:\1:end -->", paper, new, flags=re.S)
     write_text(opts.readme, new)
 
 

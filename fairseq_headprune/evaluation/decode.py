@@ -1,4 +1,11 @@
-"""Decode a subset with fairseq's generator and score it with sacrebleu on detokenised text."""
+"""Decode a subset with fairseq's generator and score it with sacrebleu on detokenised text.
+
+Two kinds of data are detokenised: sentencepiece (the embedded demo corpus; pieces joined) and
+Moses-tokenised text with subword-nmt BPE (the papers' data, ``fairseq_headprune.data.prepare``;
+recognised by ``@@``-final dictionary entries): BPE joined (fairseq's ``subword_nmt``
+post-processing) and the Moses tokenisation undone with sacremoses' detokenizer for the target
+language, so that sacrebleu sees plain text on both sides.
+"""
 
 import glob
 import os
@@ -101,6 +108,21 @@ def batches(task, subset: str, model, max_tokens: Optional[int] = 4000,
         yield dataset.collater([dataset[int(i)] for i in chunk])
 
 
+def detokenizer(task):
+    """The function from target token ids to plain text for ``task``'s data: sentencepiece
+    pieces joined, or (a dictionary with ``@@``-final entries) subword-nmt BPE joined and the
+    Moses tokenisation undone for the target language."""
+    tgt = task.target_dictionary
+    if not any(sym.endswith("@@") for sym in tgt.symbols):
+        return lambda ids, escape_unk=False: tgt.string(ids, "sentencepiece",
+                                                        escape_unk=escape_unk)
+    from sacremoses import MosesDetokenizer
+
+    moses = MosesDetokenizer(getattr(task.cfg, "target_lang", None) or "en")
+    return lambda ids, escape_unk=False: moses.detokenize(
+        tgt.string(ids, "subword_nmt", escape_unk=escape_unk).split())
+
+
 def translate(model, task, subset: str = "test", beam: int = 5, max_tokens: Optional[int] = 4000,
               batch_size: Optional[int] = None, max_sentences: Optional[int] = None,
               device: str = "cpu", max_len_b: int = 200, fixed_length: Optional[int] = None
@@ -114,6 +136,7 @@ def translate(model, task, subset: str = "test", beam: int = 5, max_tokens: Opti
         else dict(max_len_b=max_len_b)
     generator = task.build_generator([model], Namespace(beam=beam, **lengths))
     tgt = task.target_dictionary
+    detok = detokenizer(task)
     hyps, refs, ids, n_tokens, seconds = [], [], [], 0, 0.0
     for sample in batches(task, subset, model, max_tokens, batch_size, max_sentences):
         sample = utils.move_to_cuda(sample) if device != "cpu" else sample
@@ -127,9 +150,9 @@ def translate(model, task, subset: str = "test", beam: int = 5, max_tokens: Opti
         for i, sid in enumerate(sample["id"].tolist()):
             best = out[i][0]["tokens"].int().cpu()
             n_tokens += len(best)
-            hyps.append(tgt.string(best, "sentencepiece"))
+            hyps.append(detok(best))
             ref = utils.strip_pad(sample["target"][i], tgt.pad()).int().cpu()
-            refs.append(tgt.string(ref, "sentencepiece", escape_unk=True))
+            refs.append(detok(ref, escape_unk=True))
             ids.append(sid)
     order = sorted(range(len(ids)), key=ids.__getitem__)
     return Translation([hyps[i] for i in order], [refs[i] for i in order], seconds, n_tokens)
