@@ -6,7 +6,10 @@ import subprocess
 import sys
 
 import pytest
-import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker: `-n auto` fills every core
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # also for the fairseq processes tests start
+import torch  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "user_dir")
