@@ -26,7 +26,7 @@ UPDATES="${UPDATES:-300}"                 # fine-tuning updates per run
 GATE_LR="${GATE_LR:-0.02}"                # --head-gates-lr: gates learn faster on a short CPU run
 MULTIPLIER_LR="${MULTIPLIER_LR:-0.01}"    # --l0-multiplier-lr of the target runs (CoFi's Adam ascent)
 TARGET_WARMUP="${TARGET_WARMUP:-$((UPDATES / 10))}"  # --l0-target-warmup (CoFi: 2 of 20 epochs)
-DAMPING="${DAMPING:-0}"                   # --l0-damping (0: CoFi's Lagrangian as it is)
+DAMPING="${DAMPING:-10}"                  # --l0-damping (0: CoFi's Lagrangian alone swings 8 heads off)
 SENTENCES="${SENTENCES:-400}"             # test sentences decoded per model
 PY="${PY:-python}"
 . scripts/lib/demo_model.sh
