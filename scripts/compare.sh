@@ -37,7 +37,9 @@ METHODS="${METHODS:-michel voita dsp gha collab}"
 UPDATES="${UPDATES:-200}"                 # gate / constraint training of voita, dsp, gha
 FT_UPDATES="${FT_UPDATES:-200}"           # fine-tuning of every pruned model (0: none)
 GATE_LR="${GATE_LR:-0.02}"                # voita's --head-gates-lr (as voita_demo.sh)
-MULTIPLIER_LR="${MULTIPLIER_LR:-0.5}"     # voita's --l0-multiplier-lr (as voita_demo.sh)
+MULTIPLIER_LR="${MULTIPLIER_LR:-0.01}"    # voita's --l0-multiplier-lr (as voita_demo.sh)
+TARGET_WARMUP="${TARGET_WARMUP:-$((UPDATES / 10))}"  # voita's --l0-target-warmup (as voita_demo.sh)
+DAMPING="${DAMPING:-10}"                  # voita's --l0-damping (as voita_demo.sh)
 SUBSET_LR="${SUBSET_LR:-0.2}"             # dsp's --subset-lr (as dsp_demo.sh)
 ALPHA="${ALPHA:-0.5}"; BETA="${BETA:-0.7}"; FEATURE="${FEATURE:-headout}"  # gha (as gha_demo.sh)
 SENTENCES="${SENTENCES:-400}"             # test sentences decoded per model
@@ -86,7 +88,8 @@ for method in $METHODS; do
       voita)
         demo_train "$name" "$MODEL" "$UPDATES" --head-gates hard_concrete \
           --head-gates-lr "$GATE_LR" --criterion l0_label_smoothed_cross_entropy \
-          --l0-target-heads "$k" --l0-multiplier-lr "$MULTIPLIER_LR"
+          --l0-target-heads "$k" --l0-multiplier-lr "$MULTIPLIER_LR" \
+          --l0-target-warmup "$TARGET_WARMUP" --l0-damping "$DAMPING"
         from_gates "$name" "$name" --keep-heads "$k" ;;
       dsp)
         demo_train "$name" "$MODEL" "$UPDATES" --head-gates subset --subset-heads "$k" \

@@ -134,9 +134,9 @@ def test_criterion_adds_lambda_times_sample_size(headprune_checkpoint, data_dir)
     assert set(log) >= {"l0_open_E", "l0_open_D", "l0_open_A", "l0_expected_heads", "l0_lambda"}
 
 
-def test_target_mode_multipliers_ascend():
+def test_target_mode_plain_ascent():
     model = FakeModel([[0.0] * 8, [0.0] * 8])  # 11.0098 expected open heads of 16
-    crit = criterion(l0_target_heads=4, l0_multiplier_lr=0.5)
+    crit = criterion(l0_target_heads=4, l0_multiplier_lr=0.5, l0_multiplier_optimizer="sgd")
     model.train()
     crit.penalty(model)
     c = (2 * 5.504893 - 4) / 16
@@ -149,9 +149,67 @@ def test_target_mode_multipliers_ascend():
     assert criterion(l0_target_heads=0.25).target(16) == 4.0
 
 
+def test_target_mode_adam_ascent_by_hand():
+    """CoFi's AdamW with a negative learning rate: m, v moments, bias-corrected, lr 0.1."""
+    crit = criterion(l0_target_heads=4, l0_multiplier_lr=0.1)
+    crit.ascend(torch.tensor([0.5, 0.25]))  # step 1: m_hat = g, v_hat = g^2: lambda += lr
+    assert crit.multipliers.tolist() == pytest.approx([0.1, 0.1], abs=1e-6)
+    crit.ascend(torch.tensor([-0.25, 0.0625]))
+    # step 2, lambda_1: m = 0.9*0.05 + 0.1*(-0.25) = 0.02, m_hat = 0.02/0.19;
+    # v = 0.999*0.00025 + 0.001*0.0625 = 0.00031225, v_hat = v/0.001999
+    m_hat, v_hat = 0.02 / 0.19, 0.00031225 / 0.001999
+    assert crit.multipliers[0].item() == pytest.approx(0.1 + 0.1 * m_hat / math.sqrt(v_hat),
+                                                       abs=1e-6)
+    # lambda_2: m = 0.9*0.025 + 0.1*0.0625 = 0.02875; v = 0.999*0.0000625 + 0.001*0.00390625
+    m_hat, v_hat = 0.02875 / 0.19, (0.0000624375 + 0.00000390625) / 0.001999
+    assert crit.multipliers[1].item() == pytest.approx(0.1 + 0.1 * m_hat / math.sqrt(v_hat),
+                                                       abs=1e-6)
+    assert int(crit.multiplier_steps) == 2
+
+
+def test_target_mode_adam_through_penalty():
+    model = FakeModel([[0.0] * 8, [0.0] * 8])  # c = (11.0098 - 4) / 16 > 0
+    crit = criterion(l0_target_heads=4, l0_multiplier_lr=0.05)
+    model.train()
+    term, *_ = crit.penalty(model)
+    assert term.item() == 0.0  # multipliers start at 0 (CoFi l0_module.py l.72-73)
+    assert crit.multipliers.tolist() == pytest.approx([0.05, 0.05], abs=1e-6)
+
+
+def test_target_warmup_is_linear_from_every_gated_head():
+    crit = criterion(l0_target_heads=4, l0_target_warmup=4)
+    assert [crit.target(16, step) for step in (0, 1, 2, 4, 10)] == [16, 13, 10, 4, 4]
+    assert crit.target(16) == 4  # evaluation: the target itself
+    model = FakeModel([[0.0] * 8, [0.0] * 8])
+    model.train()
+    crit.penalty(model)
+    crit.penalty(model)  # second batch: target 13
+    c0, c1 = (2 * 5.504893 - 16) / 16, (2 * 5.504893 - 13) / 16  # both < 0: lambda_1 falls
+    m_hat = (0.9 * 0.1 * c0 + 0.1 * c1) / 0.19
+    v_hat = (0.999 * 0.001 * c0 ** 2 + 0.001 * c1 ** 2) / 0.001999
+    assert crit.multipliers[0].item() == pytest.approx(-0.01 + 0.01 * m_hat / math.sqrt(v_hat),
+                                                       abs=1e-6)
+
+
+def test_damping_adds_a_fixed_quadratic_term():
+    model = FakeModel([[0.0] * 8, [0.0] * 8])
+    model.train()
+    term, *_ = criterion(l0_target_heads=4, l0_damping=3.0).penalty(model)
+    c = (2 * 5.504893 - 4) / 16
+    assert term.item() == pytest.approx(3.0 * c * c, abs=1e-5)  # the multipliers are still 0
+
+
+def test_state_without_adam_moments_loads():
+    crit = criterion(l0_target_heads=4)
+    crit.load_state_dict({"multipliers": torch.tensor([0.5, 0.25])})
+    assert crit.multipliers.tolist() == [0.5, 0.25] and int(crit.multiplier_steps) == 0
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"l0_lambda": -0.1}, "--l0-lambda must be >= 0, got -0.1."),
     ({"l0_target_heads": -2}, "--l0-target-heads must be >= 0, got -2."),
+    ({"l0_target_warmup": -1}, "--l0-target-warmup must be >= 0, got -1."),
+    ({"l0_damping": -0.5}, "--l0-damping must be >= 0, got -0.5."),
 ])
 def test_bad_criterion_options(kwargs, message):
     with pytest.raises(HeadPruneError) as err:

@@ -129,6 +129,8 @@ class HardConcreteGates(HeadGates):
 
 
 L0_NORMALIZE = ChoiceEnum(["module_mean", "module_sum"])
+L0_MULTIPLIER_OPTIMIZER = ChoiceEnum(["adam", "sgd"])
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # CoFi: HF TrainingArguments defaults
 
 
 @dataclass
@@ -153,8 +155,25 @@ class L0LabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig
                           "Xia et al. 2022): a count N >= 1 or a fraction < 1 of the gated heads"})
     l0_multiplier_lr: float = field(
         default=0.01,
-        metadata={"help": "step size of the multipliers' gradient ascent in target mode, per "
-                          "training batch, on the constraint measured in heads / gated heads"})
+        metadata={"help": "learning rate of the multipliers' gradient ascent in target mode, "
+                          "one step per training batch (default 0.01, CoFi's reg_learning_rate "
+                          "in scripts/run_CoFi.sh)"})
+    l0_multiplier_optimizer: L0_MULTIPLIER_OPTIMIZER = field(
+        default="adam",
+        metadata={"help": "adam: Adam-normalised ascent, CoFi's AdamW with a negative learning "
+                          "rate (betas 0.9, 0.999, eps 1e-8); sgd: plain ascent, lambda += lr * "
+                          "gradient (default adam)"})
+    l0_target_warmup: int = field(
+        default=0,
+        metadata={"help": "target warm-up in training batches: the target falls linearly from "
+                          "every gated head to --l0-target-heads over this many batches "
+                          "(CoFi's lagrangian_warmup; default 0: the target from the start)"})
+    l0_damping: float = field(
+        default=0.0,
+        metadata={"help": "beyond CoFi: a fixed quadratic term rho * c**2 added to the "
+                          "Lagrangian (the augmented Lagrangian's penalty; a restoring force "
+                          "proportional to the miss that damps the multipliers' oscillation); "
+                          "default 0: CoFi's form"})
 
 
 @register_criterion("l0_label_smoothed_cross_entropy", dataclass=L0LabelSmoothedCrossEntropyConfig)
@@ -169,32 +188,68 @@ class L0LabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
     authors' at every batch size (and on every number of workers, since fairseq sums sample
     sizes across them).
 
-    Target mode (``--l0-target-heads``; not in the paper): with c = (E[open heads] - target) /
-    gated heads, the penalty is ``lambda_1 * c + lambda_2 * c**2`` (CoFi's Lagrangian); the
-    multipliers rise by ``l0_multiplier_lr * c`` and ``l0_multiplier_lr * c**2`` after each
-    training batch (dual ascent, outside fairseq's optimizer, so no lr scheduler touches them).
-    They are criterion parameters without gradient, saved and restored with the checkpoint.
+    Target mode (``--l0-target-heads``; not in the paper), CoFi pruning's Lagrangian (Xia, Zhong &
+    Chen 2022, eq. 6; princeton-nlp/CoFiPruning @ da855a8): with c = (E[open heads] - t) / gated
+    heads, the penalty is ``lambda_1 * c + lambda_2 * c**2`` (``models/l0_module.py``
+    l.261-274; CoFi's c is expected minus target *sparsity*, i.e. minus ours, which flips the
+    sign of lambda_1 and nothing else). The multipliers start at 0 (l.72-73) and, after each
+    training batch, take one step of gradient *ascent* on their gradients (c, c**2):
+
+    - ``adam`` (default, CoFi's): ``trainer/trainer.py`` l.157-166 trains them with
+      ``torch.optim.AdamW`` at learning rate ``-reg_learning_rate`` (weight decay 0, HF's
+      default betas (0.9, 0.999) and eps 1e-8), stepped with the gates after every update
+      (l.303-305): lambda += lr * m_hat / (sqrt(v_hat) + eps), so each step moves a multiplier
+      by about lr whatever the size of c. ``--l0-multiplier-lr`` is reg_learning_rate (0.01 in
+      ``scripts/run_CoFi.sh`` l.33).
+    - ``sgd``: plain ascent lambda += lr * (c, c**2) (this package's first form).
+
+    The target t warms up linearly (``l0_module.py`` l.256-258, l.268-269, start_sparsity 0):
+    from every gated head to ``--l0-target-heads`` over ``--l0-target-warmup`` training batches
+    (CoFi: ``lagrangian_warmup_epochs``, 2 of 20 epochs in run_CoFi.sh l.66-69; 0 here turns it
+    off). ``--l0-damping rho`` (beyond CoFi) adds a fixed ``rho * c**2``: with the integrating
+    multiplier alone, E[L0] swings around the target; the fixed quadratic term pulls back in
+    proportion to the miss (a proportional term beside the multiplier's integral), which damps
+    the swing. The multipliers, their Adam moments and the step count are criterion state,
+    saved and restored with the checkpoint; fairseq's optimizer and lr scheduler never see them.
+    One step per training forward: with ``--update-freq k`` they step k times per update.
     """
 
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
                  report_accuracy=False, l0_lambda=0.1, l0_normalize="module_mean",
-                 l0_target_heads=None, l0_multiplier_lr=0.01):
+                 l0_target_heads=None, l0_multiplier_lr=0.01, l0_multiplier_optimizer="adam",
+                 l0_target_warmup=0, l0_damping=0.0):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if l0_lambda < 0:
             raise HeadPruneError(f"--l0-lambda must be >= 0, got {l0_lambda}.")
         if l0_target_heads is not None and l0_target_heads < 0:
             raise HeadPruneError(f"--l0-target-heads must be >= 0, got {l0_target_heads}.")
+        for flag, value in (("--l0-multiplier-lr", l0_multiplier_lr),
+                            ("--l0-target-warmup", l0_target_warmup),
+                            ("--l0-damping", l0_damping)):
+            if value < 0:
+                raise HeadPruneError(f"{flag} must be >= 0, got {value}.")
         self.l0_lambda = float(l0_lambda)
         self.l0_normalize = str(l0_normalize)
         self.l0_target_heads = l0_target_heads
         self.l0_multiplier_lr = float(l0_multiplier_lr)
+        self.l0_multiplier_optimizer = str(l0_multiplier_optimizer)
+        self.l0_target_warmup = int(l0_target_warmup)
+        self.l0_damping = float(l0_damping)
         self.multipliers = nn.Parameter(torch.zeros(2), requires_grad=False)
+        # Adam's first and second moments of (c, c**2), and the number of steps taken
+        self.register_buffer("multiplier_moments", torch.zeros(2, 2))
+        self.register_buffer("multiplier_steps", torch.zeros((), dtype=torch.long))
 
     def load_state_dict(self, state_dict, strict=True):
         """fairseq restores a criterion that has parameters from the checkpoint; one written by
-        another criterion (a plain model to fine-tune from) has none: multipliers start at 0."""
+        another criterion (a plain model to fine-tune from) has none: multipliers start at 0.
+        One from before the Adam form has no moments: they start at 0."""
         if state_dict is None:
             return None
+        state_dict = dict(state_dict)
+        for key, value in (("multiplier_moments", torch.zeros(2, 2)),
+                           ("multiplier_steps", torch.zeros((), dtype=torch.long))):
+            state_dict.setdefault(key, value)
         return super().load_state_dict(state_dict, strict=strict)
 
     def _gates(self, model) -> HardConcreteGates:
@@ -205,14 +260,35 @@ class L0LabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
                 "--head-gates hard_concrete (and --head-gates-types, default E,D,A).")
         return gates
 
-    def target(self, total: int) -> float:
-        """The target number of open heads, checked against the number of gated heads."""
+    def target(self, total: int, step: Optional[int] = None) -> float:
+        """The target number of open heads, checked against the number of gated heads; at
+        training batch ``step`` (0-based) during the warm-up, the linear warm-up from ``total``
+        (CoFi's get_target_sparsity, l0_module.py l.256-258)."""
         t = float(self.l0_target_heads)
         heads = t * total if 0 < t < 1 else t
         if heads > total:
             raise HeadPruneError(f"--l0-target-heads {self.l0_target_heads} is above the "
                                  f"{total} gated heads of this model.")
+        if step is not None and self.l0_target_warmup > 0:
+            heads = total + (heads - total) * min(1.0, step / self.l0_target_warmup)
         return heads
+
+    @torch.no_grad()
+    def ascend(self, grad: torch.Tensor) -> None:
+        """One ascent step of the multipliers on their gradient (c, c**2): torch.optim.AdamW's
+        update with a negative learning rate and no weight decay (CoFi), or plain ascent."""
+        lr = self.l0_multiplier_lr
+        grad = grad.to(self.multipliers)
+        self.multiplier_steps += 1
+        if self.l0_multiplier_optimizer == "sgd":
+            self.multipliers += lr * grad
+            return
+        (b1, b2), t = ADAM_BETAS, int(self.multiplier_steps)
+        m, v = self.multiplier_moments
+        m.mul_(b1).add_((1 - b1) * grad)
+        v.mul_(b2).add_((1 - b2) * grad * grad)
+        denom = (v / (1 - b2 ** t)).sqrt() + ADAM_EPS
+        self.multipliers += lr * (m / (1 - b1 ** t)) / denom
 
     def penalty(self, model):
         """(term added per unit of sample size, expected open heads per type, total heads)."""
@@ -225,13 +301,12 @@ class L0LabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
         if self.l0_target_heads is None:
             reg = expected / len(sums) if self.l0_normalize == "module_mean" else expected
             return self.l0_lambda * reg, expected, per_type, total
-        c = (expected - self.target(total)) / max(total, 1)
+        step = int(self.multiplier_steps)
+        c = (expected - self.target(total, step)) / max(total, 1)
         lam1, lam2 = self.multipliers.detach().clone().to(c)  # this batch's; then ascend
         if model.training:
-            with torch.no_grad():
-                self.multipliers += self.l0_multiplier_lr * torch.stack(
-                    [c.detach(), c.detach() ** 2]).to(self.multipliers)
-        return lam1 * c + lam2 * c * c, expected, per_type, total
+            self.ascend(torch.stack([c.detach(), c.detach() ** 2]))
+        return lam1 * c + (lam2 + self.l0_damping) * c * c, expected, per_type, total
 
     def forward(self, model, sample, reduce=True):
         loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
@@ -246,6 +321,8 @@ class L0LabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
         if self.l0_target_heads is not None:
             logging_output["l0_lambda1"] = float(self.multipliers[0])
             logging_output["l0_lambda2"] = float(self.multipliers[1])
+            logging_output["l0_target"] = self.target(total, int(self.multiplier_steps) - 1
+                                                      if model.training else None)
         return loss + l0, sample_size, logging_output
 
     @classmethod
@@ -258,7 +335,7 @@ class L0LabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
         l0 = sum(log.get("l0_loss", 0) for log in logging_outputs)
         metrics.log_scalar("l0", l0 / max(sample_size, 1), sample_size, round=4)
         for key in sorted(logging_outputs[0]):
-            if key.startswith(("l0_open_", "l0_expected", "l0_lambda")):
+            if key.startswith(("l0_open_", "l0_expected", "l0_lambda", "l0_target")):
                 value = sum(log.get(key, 0) for log in logging_outputs) / n
                 metrics.log_scalar(key[3:] if key.startswith("l0_open") else key, value, round=3)
 

@@ -24,7 +24,9 @@ TARGET_TYPES="${TARGET_TYPES:-EDA}"       # target mode (beyond the paper) for t
 TARGETS="${TARGETS:-}"                    # its head counts (default: the lambda runs' counts)
 UPDATES="${UPDATES:-300}"                 # fine-tuning updates per run
 GATE_LR="${GATE_LR:-0.02}"                # --head-gates-lr: gates learn faster on a short CPU run
-MULTIPLIER_LR="${MULTIPLIER_LR:-0.5}"     # --l0-multiplier-lr of the target runs
+MULTIPLIER_LR="${MULTIPLIER_LR:-0.01}"    # --l0-multiplier-lr of the target runs (CoFi's Adam ascent)
+TARGET_WARMUP="${TARGET_WARMUP:-$((UPDATES / 10))}"  # --l0-target-warmup (CoFi: 2 of 20 epochs)
+DAMPING="${DAMPING:-10}"                  # --l0-damping (0: CoFi's Lagrangian alone swings 8 heads off)
 SENTENCES="${SENTENCES:-400}"             # test sentences decoded per model
 PY="${PY:-python}"
 . scripts/lib/demo_model.sh
@@ -86,7 +88,8 @@ for types in $TARGET_TYPES; do
     name="voita-$types-target$target"
     # CoFi's end of target training: the rounded expected number of open gates stays
     finetune "$name" "$types" --keep-expected --l0-target-heads "$target" \
-      --l0-multiplier-lr "$MULTIPLIER_LR"
+      --l0-multiplier-lr "$MULTIPLIER_LR" --l0-target-warmup "$TARGET_WARMUP" \
+      --l0-damping "$DAMPING"
     printf '%s\tvoita-target\t%s\ttarget %s heads\n' "$name" "$types" "$target" >> "$MANIFEST.new"
   done
 done
