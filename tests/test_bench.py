@@ -121,7 +121,7 @@ def test_speed_table_states_the_goals():
               "dtype": "fp32", "ideal_speedup": 1.2, "beam": 5, "fixed_length": 25,
               "repeats": 3, "rows": [row(1, 0.97, 0.98, 0.99, None), row(64, 1.1, 1.17, 1.2, 0.85)]}
     lines = speed_table([report]).splitlines()
-    assert lines[2] == ("| synthetic base, 50% of heads removed | cpu x | fp32 | 1 | 10.00 | 10.00 "
+    assert lines[2] == ("| synthetic base, 50% of heads removed | cpu x | fp32 | 1 | 3 | 10.00 | 10.00 "
                         "| 0.980 [0.970-0.990] | 1.200 | None | not met (slower) |")
     assert lines[3].endswith("| 0.85 | met (>= 0.8) |")
     report["rows"] = [row(1, 0.95, 0.99, 1.01, None), row(64, 1.0, 1.1, 1.1, 0.5)]
