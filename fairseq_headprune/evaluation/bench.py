@@ -45,9 +45,10 @@ def run_bench(data: str, full_path: str, pruned_path: str, subset: str = "test",
     same decoding steps. ``None`` decodes freely; a positive number fixes that length.
     """
     check_dtype(dtype, device)
-    models = {name: load_model(p, data, device, subset)[0] for name, p in
+    loaded = {name: load_model(p, data, device, subset) for name, p in
               (("full", full_path), ("pruned", pruned_path))}
-    task = load_model(full_path, data, device, subset, checked=True)[1]
+    models = {name: model for name, (model, _) in loaded.items()}
+    task = loaded["full"][1]
     task.load_dataset(subset)
     dataset = task.dataset(subset)
     n = min(max_sentences, len(dataset))
