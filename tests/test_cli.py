@@ -243,3 +243,28 @@ def test_a_corrupt_kept_heads_buffer_is_refused(kept, problem, headprune_checkpo
             f"fairseq-generate: error: checkpoint module encoder.layers.1.self_attn: the "
             f"kept_heads buffer is corrupt: {problem}.")
     assert not out.exists() and hashlib.sha256(bad.read_bytes()).hexdigest() == digest
+
+
+def test_evaluate_lenpen_is_fairseq_generates(headprune_checkpoint, data_dir, tmp_path):
+    """``translate(..., lenpen=X)`` (evaluate and compare's ``--lenpen``) picks the hypotheses of
+    ``fairseq-generate --lenpen X``. The tiny model ends almost every hypothesis after one token
+    whatever the penalty, so its end-of-sentence output row is scaled by 0.75 first: then
+    penalties 0 and 3 pick differently, and a dropped option would fail the test."""
+    import torch
+
+    from fairseq_headprune.evaluation.decode import translate
+
+    state = torch.load(headprune_checkpoint, weights_only=False)  # as fairseq saved it
+    state["model"]["decoder.output_projection.weight"][2] *= 0.75  # 2: fairseq's EOS index
+    path = str(tmp_path / "late_eos.pt")
+    torch.save(state, path)
+    model, task = load(path, data_dir)
+    ours = {}
+    for lenpen in (0.0, 3.0):
+        result = translate(model, task, "valid", beam=4, max_tokens=None, batch_size=8,
+                           max_len_b=20, lenpen=lenpen)
+        hyps = generate(data_dir, path, "--lenpen", str(lenpen), "--post-process",
+                        "sentencepiece")
+        assert result.hypotheses == [hyps[i][1] for i in sorted(hyps)]
+        ours[lenpen] = result.hypotheses
+    assert ours[0.0] != ours[3.0]

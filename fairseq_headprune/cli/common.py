@@ -42,6 +42,7 @@ share_open = _checked(float, lambda v: math.isfinite(v) and 0 < v < 1, "a share 
 portion = _checked(float, lambda v: math.isfinite(v) and 0 < v <= 1, "a share in (0, 1]")
 amount = _checked(float, lambda v: math.isfinite(v) and v > 0,
                   "a fraction (< 1) or a count (>= 1) of heads, above 0")
+finite = _checked(float, math.isfinite, "a finite number")
 floats = _list_of(fraction)  # e.g. --levels 0,0.1,0.5
 ints = _list_of(count)  # e.g. --batch-sizes 1,64
 

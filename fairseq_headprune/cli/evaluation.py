@@ -4,8 +4,8 @@
 import os
 
 from fairseq_headprune.cli.common import (
-    check_writable, count, count0, default_device, floats, ints, refuse_overwrite, share_open,
-    types_arg)
+    check_writable, count, count0, default_device, finite, floats, ints, refuse_overwrite,
+    share_open, types_arg)
 
 
 def cmd_sweep(args):
@@ -35,7 +35,8 @@ def cmd_evaluate(args):
                              f"checkpoints.")
     refuse_overwrite(args, *args.paths)
     rows = evaluate_checkpoints(args.data, args.paths, args.output, args.labels, args.subset,
-                                args.beam, args.max_tokens, args.max_sentences, args.device)
+                                args.beam, args.max_tokens, args.max_sentences, args.device,
+                                args.lenpen)
     for r in rows:
         heads = " ".join(f"{k}:{n}/{r['heads_total'][k]}" for k, n in r["heads"].items())
         print(f"{r['label']:30s} {heads:30s} {r['params']:>12,} params  BLEU {r['bleu']:6.2f}")
@@ -90,7 +91,8 @@ def cmd_compare(args):
     result = compare_runs(args.data, runs, args.output_dir, args.subset, args.beam,
                           args.max_tokens, args.max_sentences, args.device,
                           args.bootstrap_samples, args.seed, not args.no_bench,
-                          args.bench_batch_sizes, args.bench_sentences, args.repeats, args.note)
+                          args.bench_batch_sizes, args.bench_sentences, args.repeats, args.note,
+                          args.lenpen)
     with open(os.path.join(args.output_dir, "compare.md"), encoding="utf-8") as f:
         print(f.read(), end="")
     print(f"results: {os.path.join(args.output_dir, 'compare')}.json/.csv/.md/.png "
@@ -116,6 +118,12 @@ def add_decoding_options(p, device: str):
     p.add_argument("--max-tokens", type=count, default=4000, help="(default: %(default)s)")
     p.add_argument("--max-sentences", type=count, help="decode only the first N sentences")
     p.add_argument("--device", default=device, help="(default: %(default)s)")
+
+
+def add_lenpen(p):
+    p.add_argument("--lenpen", type=finite, default=1.0,
+                   help="fairseq-generate's length penalty: hypotheses ranked by log-probability "
+                        "/ length^LENPEN (default: %(default)s)")
 
 
 def add_parsers(sub):
@@ -158,6 +166,7 @@ def add_parsers(sub):
     p.add_argument("--labels", nargs="+", help="a name per checkpoint (default: file names)")
     p.add_argument("-o", "--output", required=True, help="rows JSON to write (resumable)")
     add_decoding_options(p, device)
+    add_lenpen(p)
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser(
@@ -172,6 +181,7 @@ def add_parsers(sub):
     p.add_argument("-o", "--output-dir", required=True,
                    help="results folder: compare.json/.csv/.md/.png (resumable)")
     add_decoding_options(p, device)
+    add_lenpen(p)
     p.add_argument("--bootstrap-samples", type=count, default=1000,
                    help="resamples of the paired bootstrap test (default: %(default)s)")
     p.add_argument("--seed", type=count, default=12345,

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from fairseq_headprune.errors import HeadPruneError
 from fairseq_headprune.evaluation.bench import figure, rounds_note, run_bench
 from fairseq_headprune.evaluation.decode import check_data
-from fairseq_headprune.evaluation.evaluate import file_stamp, score_checkpoint
+from fairseq_headprune.evaluation.evaluate import decoding_config, file_stamp, score_checkpoint
 from fairseq_headprune.io import data_fingerprint, load_rows, write_json, write_text
 from fairseq_headprune.model.collaborative import collaborative_types
 from fairseq_headprune.pruning.checkpoint import (
@@ -159,7 +159,7 @@ def compare_runs(data: str, runs: Sequence[Tuple[str, str]], output_dir: str,
                  max_sentences: Optional[int] = None, device: str = "cpu",
                  n_samples: int = 1000, seed: int = 12345, bench: bool = True,
                  bench_batch_sizes: Sequence[int] = (1, 64), bench_sentences: int = 200,
-                 repeats: int = 3, note: Optional[str] = None) -> Dict:
+                 repeats: int = 3, note: Optional[str] = None, lenpen: float = 1.0) -> Dict:
     """Compare ``runs`` (``[(label, path)]``, the baseline first; see the module docstring) and
     write the results under ``output_dir``; returns the content of ``compare.json``."""
     if len(runs) < 2:
@@ -169,7 +169,7 @@ def compare_runs(data: str, runs: Sequence[Tuple[str, str]], output_dir: str,
               "max_tokens": max_tokens, "max_sentences": max_sentences,
               "data_sha256": data_fingerprint(data, subset), "bench": bench,
               "bench_batch_sizes": list(bench_batch_sizes), "bench_sentences": bench_sentences,
-              "repeats": repeats}
+              "repeats": repeats, **decoding_config(lenpen)}
     store = os.path.join(output_dir, "decoded.json")
     done = {r["label"]: r for r in load_rows(store, config, "a comparison")}
 
@@ -182,7 +182,7 @@ def compare_runs(data: str, runs: Sequence[Tuple[str, str]], output_dir: str,
         entry = done.get(label)
         if not entry or any(entry.get(f) != v for f, v in k.items()):
             row, result = score_checkpoint(path, data, subset, beam, max_tokens, max_sentences,
-                                           device)
+                                           device, lenpen)
             chrf, chrf_signature = result.chrf()
             entry = {**k, **row, "chrf": round(chrf, 2), "chrf_signature": chrf_signature,
                      "file_bytes": os.path.getsize(path), **infos[label],

@@ -125,16 +125,19 @@ def detokenizer(task):
 
 def translate(model, task, subset: str = "test", beam: int = 5, max_tokens: Optional[int] = 4000,
               batch_size: Optional[int] = None, max_sentences: Optional[int] = None,
-              device: str = "cpu", max_len_b: int = 200, fixed_length: Optional[int] = None
-              ) -> Translation:
+              device: str = "cpu", max_len_b: int = 200, fixed_length: Optional[int] = None,
+              lenpen: float = 1.0) -> Translation:
     """Beam-search a subset; hypotheses and references detokenised (sentencepiece removed).
+
+    ``lenpen`` is fairseq-generate's ``--lenpen``: a finished hypothesis is ranked by its
+    log-probability divided by its length to the power ``lenpen`` (1: the mean per token).
 
     ``fixed_length`` forces every hypothesis to exactly that many tokens (no end of sentence
     before), so that two models do the same number of decoding steps in a speed comparison.
     """
     lengths = dict(max_len_a=0, max_len_b=fixed_length, min_len=fixed_length) if fixed_length \
         else dict(max_len_b=max_len_b)
-    generator = task.build_generator([model], Namespace(beam=beam, **lengths))
+    generator = task.build_generator([model], Namespace(beam=beam, lenpen=lenpen, **lengths))
     tgt = task.target_dictionary
     detok = detokenizer(task)
     hyps, refs, ids, n_tokens, seconds = [], [], [], 0, 0.0

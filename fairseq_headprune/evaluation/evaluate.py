@@ -24,16 +24,22 @@ def file_stamp(path: str) -> List[int]:
     return [stat.st_size, int(stat.st_mtime)]
 
 
+def decoding_config(lenpen: float) -> Dict:
+    """The decoding settings a results file records beyond beam and subset: ``lenpen`` only
+    when it is not fairseq's default 1, so that files written before the option still resume."""
+    return {} if lenpen == 1.0 else {"lenpen": lenpen}
+
+
 def score_checkpoint(path: str, data: str, subset: str = "test", beam: int = 5,
                      max_tokens: int = 4000, max_sentences: Optional[int] = None,
-                     device: str = "cpu") -> Tuple[Dict, Translation]:
+                     device: str = "cpu", lenpen: float = 1.0) -> Tuple[Dict, Translation]:
     """Decode ``subset`` with one (already checked) checkpoint; return its row (heads kept and
     in all per type, parameters, BLEU with the sacrebleu signature, decoding time) and the
     :class:`Translation` itself (hypotheses and references, for further metrics)."""
     model, task = load_model(path, data, device, subset, checked=True)
     layout = HeadLayout.from_model(model)
     result = translate(model, task, subset, beam, max_tokens, max_sentences=max_sentences,
-                       device=device)
+                       device=device, lenpen=lenpen)
     bleu, signature = result.bleu()
     row = {"heads": {k: layout.count(k) for k in layout.kept},
            "heads_total": {k: layout.num_heads[k] * layout.num_layers(k) for k in layout.kept},
@@ -48,8 +54,8 @@ def score_checkpoint(path: str, data: str, subset: str = "test", beam: int = 5,
 def evaluate_checkpoints(data: str, paths: Sequence[str], output: str,
                          labels: Optional[Sequence[str]] = None, subset: str = "test",
                          beam: int = 5, max_tokens: int = 4000,
-                         max_sentences: Optional[int] = None, device: str = "cpu"
-                         ) -> List[Dict]:
+                         max_sentences: Optional[int] = None, device: str = "cpu",
+                         lenpen: float = 1.0) -> List[Dict]:
     """Score every checkpoint of ``paths`` (see the module docstring); returns all rows."""
     labels = list(labels) if labels else [os.path.basename(p) for p in paths]
     if len(labels) != len(paths):
@@ -58,13 +64,15 @@ def evaluate_checkpoints(data: str, paths: Sequence[str], output: str,
         check_inputs(path, data, subset)
     config = {"data": os.path.abspath(data), "subset": subset, "beam": beam,
               "max_sentences": max_sentences,
-              "data_sha256": os.path.isdir(data) and data_fingerprint(data, subset)}
+              "data_sha256": os.path.isdir(data) and data_fingerprint(data, subset),
+              **decoding_config(lenpen)}
     rows = load_rows(output, config, "an evaluation")
     for label, path in tqdm(list(zip(labels, paths)), desc="evaluate", unit="checkpoint"):
         key = {"label": label, "path": os.path.abspath(path), "stamp": file_stamp(path)}
         if any(all(r.get(k) == v for k, v in key.items()) for r in rows):
             continue
-        row, _ = score_checkpoint(path, data, subset, beam, max_tokens, max_sentences, device)
+        row, _ = score_checkpoint(path, data, subset, beam, max_tokens, max_sentences, device,
+                                  lenpen)
         rows = [r for r in rows if r.get("label") != label]
         rows.append({**key, **row})
         write_json(output, {"config": config, "rows": rows})

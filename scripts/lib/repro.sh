@@ -14,6 +14,8 @@
 #   MAX_UPDATE    overrides every training run's update count (tiny test runs)
 #   BPE_MERGES    overrides the recipe's BPE merges (tiny test runs)
 #   SENTENCES     decode only the first N test sentences (default: all)
+#   BEAM, LENPEN  beam size and fairseq's length penalty of the BLEU stage (each script sets the
+#                 paper's; LENPEN default 1)
 #   ARCH_OVERRIDES  fairseq-train model options appended to the paper's (tiny test models)
 #   BASELINE      a trained checkpoint to start from instead of training the paper's baseline
 
@@ -130,7 +132,7 @@ evaluate_rows() {
     [ "$label" = unpruned ] || { labels+=("$label"); paths+=("$OUT/models/$label.pt"); }
   done < "$MANIFEST.new"
   fairseq-headprune evaluate "$BIN" --paths "${paths[@]}" --labels "${labels[@]}" \
-    --beam "$BEAM" "${LIMIT[@]}" --device "$DEVICE" -o "$OUT/eval.json"
+    --beam "$BEAM" --lenpen "${LENPEN:-1}" "${LIMIT[@]}" --device "$DEVICE" -o "$OUT/eval.json"
 }
 
 # save_model LABEL FILE: our model LABEL is FILE (copied once into $OUT/models)

@@ -17,7 +17,7 @@
 # Settings of the authors' old NMT code (METHODS_NOTES.md 5.4): 1024 dims, FFN 4096, 16 heads,
 # 6+6, pre-norm, shared embeddings, dropout 0.1 (attention, relu), Adam (0.9, 0.98) eps 1e-9,
 # lr 1.976e-3, inverse_sqrt, warm-up 1000 from 0, 2^17 tokens per update, 9 epochs (EPOCHS),
-# fp16; beam 4 (ours: not stated).
+# fp16; beam 4 and lenpen 0.6 (ours, fairseq's scaling_nmt decoding: the authors state none).
 # Cost (estimate): 9 epochs of WMT17 en-de (about 5.9M pairs after cleaning, ~170M target
 # tokens: ~1300 updates of 131k tokens per epoch) with the big model: about 10-15 GPU hours per
 # run on one A100-class GPU; baseline + 4 scratch runs + 4 short fine-tunings: about 60-70.
@@ -33,6 +33,7 @@ FT_UPDATES="${FT_UPDATES:-2000}"
 SCRATCH="${SCRATCH:-1}"
 MAX_TOKENS="${MAX_TOKENS:-4096}"
 BEAM="${BEAM:-4}"
+LENPEN="${LENPEN:-0.6}"
 MANIFEST="$OUT/runs.tsv"
 mkdir -p "$OUT/models"; : > "$MANIFEST.new"
 

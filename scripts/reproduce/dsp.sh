@@ -18,7 +18,7 @@
 # paper's), fairseq's IWSLT recipe (Adam 0.9/0.98, lr 5e-4, inverse_sqrt, warm-up 4000, dropout
 # 0.3, weight decay 1e-4, label smoothing 0.1, 4096 tokens, shared decoder embeddings), beam 5.
 # WMT: transformer base, shared embeddings, lr 7e-4, dropout 0.1, 4096 tokens x update-freq for
-# 32768 tokens per update (GHA's WMT setting), beam 4. DSP: --subset-lr 0.2 (--pruning-lr),
+# 32768 tokens per update (GHA's WMT setting), beam 4, lenpen 0.6 (IWSLT: 1). DSP: --subset-lr 0.2 (--pruning-lr),
 # tau 0.1 -> 1e-8 over the run; pipelined logits 250 updates (the authors' README).
 # Training lengths are ours (the papers give epochs or nothing): BASE_UPDATES, FT_UPDATES.
 # Cost (estimate): IWSLT: 50k updates ~ 3-4 GPU hours per run; baseline + 2 per KEEP (joint,
@@ -37,6 +37,7 @@ case "$DATASET" in
   iwslt14)
     NAME=dsp-iwslt14-deen; prepare_iwslt14
     BASE_UPDATES="${BASE_UPDATES:-50000}"; FT_UPDATES="${FT_UPDATES:-10000}"; BEAM="${BEAM:-5}"
+    LENPEN="${LENPEN:-1}"
     COMMON=(--arch transformer_headprune_iwslt_de_en --share-decoder-input-output-embed
             --optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 0.0 --lr 5e-4
             --lr-scheduler inverse_sqrt --warmup-updates 4000 --warmup-init-lr 1e-7
@@ -44,6 +45,7 @@ case "$DATASET" in
   wmt14)
     NAME=dsp-wmt14-ende; prepare_wmt14_en_de
     BASE_UPDATES="${BASE_UPDATES:-100000}"; FT_UPDATES="${FT_UPDATES:-20000}"; BEAM="${BEAM:-4}"
+    LENPEN="${LENPEN:-0.6}"
     COMMON=(--arch transformer_headprune_wmt_en_de --share-all-embeddings
             --optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 0.0 --lr 7e-4
             --lr-scheduler inverse_sqrt --warmup-updates 4000 --warmup-init-lr 1e-7

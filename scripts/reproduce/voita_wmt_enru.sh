@@ -25,7 +25,8 @@
 # embeddings, dropout 0.1 (relu, residual, attention), label smoothing 0.1, about 16000 tokens
 # per update (MAX_TOKENS x update-freq x GPUS), Adam (0.9, 0.998), the t2t noam schedule as
 # inverse_sqrt with warm-up 16000 and peak 4.0 * 512^-0.5 * 16000^-0.5 = 1.4e-3 (replayed in
-# gate training, as the authors' restart does), beam 4.
+# gate training, as the authors' restart does), beam 4, length penalty 0.6 (theirs is GNMT's,
+# ((5 + length) / 6)^0.6; fairseq's --lenpen 0.6 divides by length^0.6: the nearest fairseq has).
 # Cost (estimate): baseline 100k updates of transformer base at 16k tokens ~ 10-15 GPU hours
 # (one V100-class GPU, fp16); each gated run 20k updates ~ 2-3 GPU hours: about 25-30 in all.
 set -euo pipefail
@@ -41,6 +42,7 @@ GATE_UPDATES="${GATE_UPDATES:-20000}"
 MAX_TOKENS="${MAX_TOKENS:-4000}"
 LR="${LR:-0.0014}"
 BEAM="${BEAM:-4}"
+LENPEN="${LENPEN:-0.6}"
 VALID_SET="${VALID_SET:-newstest2013}"     # our choice (the paper does not say)
 TEST_SET="${TEST_SET:-newstest2014}"       # our choice (the paper does not say)
 MANIFEST="$OUT/runs.tsv"
