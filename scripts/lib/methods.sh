@@ -1,5 +1,6 @@
 # Sourced after scripts/lib/demo_model.sh by the reproductions that run several methods on one
-# checkpoint (dsp_demo.sh, gha_demo.sh, scripts/compare.sh): each method's command sequence once.
+# checkpoint (dsp_demo.sh, gha_demo.sh, scripts/compare.sh, dsp.sh, gha.sh): each method's command
+# sequence once.
 # Every function skips work whose output exists. Uses $PY, $OUT, $BIN, $MODEL, $IMPORTANCE.
 
 # heads_total CHECKPOINT: the number of heads the checkpoint keeps, all types.

@@ -154,11 +154,6 @@ baseline() {
   BASELINE="$OUT/runs/$1/checkpoint_last.pt"
 }
 
-# heads_of CHECKPOINT: its number of attention heads
-heads_of() {
-  "$PY" -c 'import sys; from fairseq_headprune.pruning.checkpoint import checkpoint_layout, load_checkpoint; print(checkpoint_layout(load_checkpoint(sys.argv[1])).count())' "$1" 2>/dev/null
-}
-
 # table NAME: the paper's table beside ours, from $OUT/eval.json and the manifest
 table() {
   mv "$MANIFEST.new" "$MANIFEST"

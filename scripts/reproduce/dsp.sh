@@ -29,6 +29,7 @@ cd "$(dirname "$0")/../.."
 main() {  # read whole before it runs
 . scripts/lib/repro.sh
 repro_defaults
+. scripts/lib/methods.sh
 DATASET="${DATASET:-iwslt14}"
 KEEP="${KEEP:-25 50}"                     # percent of all heads kept (global K)
 SUBSET_LR="${SUBSET_LR:-0.2}"
@@ -62,7 +63,7 @@ SUBSET=(--head-gates subset --subset-lr "$SUBSET_LR" --criterion label_smoothed_
 echo "== 1/4 baseline ($BASE_UPDATES updates)"
 baseline baseline "$BASE_UPDATES" "${COMMON[@]}" "${PLAIN[@]}"
 row unpruned baseline "baseline"
-TOTAL=$(heads_of "$BASELINE")
+TOTAL=$(heads_total "$BASELINE")
 
 for keep in $KEEP; do
   k=$("$PY" -c 'import sys; print(max(1, round(float(sys.argv[1]) / 100 * int(sys.argv[2]))))' \

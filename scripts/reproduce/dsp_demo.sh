@@ -34,24 +34,17 @@ GATE_LR="${GATE_LR:-0.02}"                # --head-gates-lr of the Voita run (as
 SENTENCES="${SENTENCES:-400}"             # test sentences decoded per model
 PY="${PY:-python}"
 . scripts/lib/demo_model.sh
+. scripts/lib/methods.sh
 demo_inputs
 MANIFEST="$OUT/runs.tsv"                  # label, method, percent kept, setting: the table's rows
 : > "$MANIFEST.new"
-TOTAL=$("$PY" -c 'import sys; from fairseq_headprune.pruning.checkpoint import checkpoint_layout, load_checkpoint; print(checkpoint_layout(load_checkpoint(sys.argv[1])).count())' "$MODEL" 2>/dev/null)
-heads() { "$PY" -c 'import sys; print(round(float(sys.argv[1]) / 100 * int(sys.argv[2])))' "$1" "$TOTAL"; }
-
-from_gates() {  # name run [prune options...]: the pruned checkpoint of a gated run, once
-  local name="$1" run="$2"; shift 2
-  [ -f "$OUT/pruned/$name.pt" ] || fairseq-headprune prune --from-gates \
-    "$OUT/runs/$run/checkpoint_last.pt" -o "$OUT/pruned/$name.pt" "$@"
-}
+TOTAL=$(heads_total "$MODEL")
+heads() { percent_of "$1" "$TOTAL"; }
 
 row() { printf '%s\t%s\t%s\t%s\n' "$@" >> "$MANIFEST.new"; }
 
 echo "== 0/5 control: the same fine-tuning without gates"
-demo_train finetune-no-gates "$MODEL" "$UPDATES" --criterion label_smoothed_cross_entropy
-[ -f "$OUT/pruned/finetune-no-gates.pt" ] || \
-  cp "$OUT/runs/finetune-no-gates/checkpoint_last.pt" "$OUT/pruned/finetune-no-gates.pt"
+trained finetune-no-gates "$MODEL" "$UPDATES" --criterion label_smoothed_cross_entropy
 row finetune-no-gates control - "fine-tuned $UPDATES updates, no gates"
 
 SUBSET=(--head-gates subset --subset-lr "$SUBSET_LR" --criterion label_smoothed_cross_entropy)
@@ -71,10 +64,8 @@ for keep in $KEEP; do
     --head-gates-only --subset-anneal-updates "$PIPE_UPDATES"
   from_gates "dsp-pipelined-$keep" "dsp-pipelined-$keep"
   row "dsp-pipelined-$keep" dsp-pipelined "$keep" "logits $PIPE_UPDATES updates, model frozen"
-  demo_train "dsp-pipelined-ft-$keep" "$OUT/pruned/dsp-pipelined-$keep.pt" "$UPDATES" \
+  trained "dsp-pipelined-ft-$keep" "$OUT/pruned/dsp-pipelined-$keep.pt" "$UPDATES" \
     --criterion label_smoothed_cross_entropy
-  [ -f "$OUT/pruned/dsp-pipelined-ft-$keep.pt" ] || cp \
-    "$OUT/runs/dsp-pipelined-ft-$keep/checkpoint_last.pt" "$OUT/pruned/dsp-pipelined-ft-$keep.pt"
   row "dsp-pipelined-ft-$keep" dsp-pipelined-ft "$keep" "then $UPDATES updates fine-tuning"
 done
 
@@ -89,12 +80,7 @@ done
 echo "== 4/5 Michel et al.: the K most important heads, no fine-tuning"
 for keep in $KEEP; do
   name="michel-$keep"
-  if [ ! -f "$OUT/pruned/$name.pt" ]; then
-    fairseq-headprune choose --importance "$IMPORTANCE" \
-      --amount "$((TOTAL - $(heads "$keep")))" -o "$OUT/pruned/$name.json"
-    fairseq-headprune prune --path "$MODEL" --heads "$OUT/pruned/$name.json" \
-      -o "$OUT/pruned/$name.pt"
-  fi
+  michel_keep "$name" "$(heads "$keep")"
   row "$name" michel "$keep" "importance of the demo, one shot"
 done
 

@@ -27,6 +27,7 @@ cd "$(dirname "$0")/../.."
 main() {  # read whole before it runs
 . scripts/lib/repro.sh
 repro_defaults
+. scripts/lib/methods.sh
 DATASET="${DATASET:-iwslt14}"
 SPLIT_COMPOUNDS="${SPLIT_COMPOUNDS:-1}"
 GROUPS_C="${GROUPS_C:-2}"
@@ -60,12 +61,7 @@ GHA=(--criterion group_constraint_label_smoothed_cross_entropy --gha-groups "$GR
 
 vote_prune_finetune() {  # name from: Voting-to-Stay, C heads kept per module, fine-tuned
   local name="$1" from="$2"
-  [ -f "$OUT/votes/$name.json" ] || fairseq-headprune vote "$BIN" --path "$from" \
-    --groups "$GROUPS_C" --feature "$FEATURE" -o "$OUT/votes/$name.json" "${DEVICE_ARGS[@]}"
-  [ -f "$OUT/votes/$name.spec.json" ] || fairseq-headprune choose \
-    --importance "$OUT/votes/$name.json" --per-module "$GROUPS_C" -o "$OUT/votes/$name.spec.json"
-  [ -f "$OUT/votes/$name.pt" ] || fairseq-headprune prune --path "$from" \
-    --heads "$OUT/votes/$name.spec.json" -o "$OUT/votes/$name.pt"
+  gha_vote_prune "$name" "$from" "$GROUPS_C"
   restore "$name" "$OUT/votes/$name.pt" "$FT_UPDATES" "${COMMON[@]}" "${PLAIN[@]}"
   save_model "$name" "$OUT/runs/$name/checkpoint_last.pt"
 }

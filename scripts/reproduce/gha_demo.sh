@@ -37,48 +37,33 @@ REPEATS="${REPEATS:-3}"                   # interleaved timing rounds (median an
 ABLATION="${ABLATION:-1}"                 # 0: skip GHT-PS w/o GC (QUICK skips it)
 PY="${PY:-python}"
 . scripts/lib/demo_model.sh
+. scripts/lib/methods.sh
 demo_inputs
 MANIFEST="$OUT/runs.tsv"                  # label, method, setting: the table's rows
 : > "$MANIFEST.new"
 
-train() {  # name restore updates args...: demo_train, then the run's model as $OUT/pruned/name.pt
-  demo_train "$@"
-  [ -f "$OUT/pruned/$1.pt" ] || cp "$OUT/runs/$1/checkpoint_last.pt" "$OUT/pruned/$1.pt"
-}
-
-vote_and_prune() {  # name from: Voting-to-Stay on the valid split, C heads kept per module
-  local name="$1" from="$2"
-  [ -f "$OUT/votes/$name.json" ] || fairseq-headprune vote "$BIN" --path "$OUT/pruned/$from.pt" \
-    --groups "$GROUPS_C" --feature "$FEATURE" -o "$OUT/votes/$name.json" "${DEVICE_ARGS[@]}"
-  [ -f "$OUT/votes/$name.spec.json" ] || fairseq-headprune choose \
-    --importance "$OUT/votes/$name.json" --per-module "$GROUPS_C" -o "$OUT/votes/$name.spec.json"
-  [ -f "$OUT/votes/$name.pt" ] || fairseq-headprune prune --path "$OUT/pruned/$from.pt" \
-    --heads "$OUT/votes/$name.spec.json" -o "$OUT/votes/$name.pt"
-}
-
 row() { printf '%s\t%s\t%s\n' "$@" >> "$MANIFEST.new"; }
-mkdir -p "$OUT/votes"
 PLAIN=(--criterion label_smoothed_cross_entropy)
 GHA=(--criterion group_constraint_label_smoothed_cross_entropy --gha-groups "$GROUPS_C"
      --gha-alpha "$ALPHA" --gha-beta "$BETA" --gha-feature "$FEATURE")
 
 echo "== 1/5 vanilla: $UPDATES updates without the constraint"
-train vanilla "$MODEL" "$UPDATES" "${PLAIN[@]}"
+trained vanilla "$MODEL" "$UPDATES" "${PLAIN[@]}"
 row vanilla vanilla "$UPDATES updates, no constraint"
 
 echo "== 2/5 GHT: $UPDATES updates with the group constraint (C=$GROUPS_C, $FEATURE)"
-train ght "$MODEL" "$UPDATES" "${GHA[@]}"
+trained ght "$MODEL" "$UPDATES" "${GHA[@]}"
 row ght ght "$UPDATES updates, constraint alpha $ALPHA beta $BETA"
 
 echo "== 3/5 GHT-PS: vote, keep $GROUPS_C heads per module, remove the rest, fine-tune"
-vote_and_prune ght-ps ght
-train ght-ps "$OUT/votes/ght-ps.pt" "$FT_UPDATES" "${PLAIN[@]}"
+gha_vote_prune ght-ps "$OUT/pruned/ght.pt" "$GROUPS_C"
+trained ght-ps "$OUT/votes/ght-ps.pt" "$FT_UPDATES" "${PLAIN[@]}"
 row ght-ps ght-ps "GHT, V2S, then $FT_UPDATES updates"
 
 if [ "$ABLATION" = 1 ]; then
   echo "== 4/5 GHT-PS w/o GC: the same voting and fine-tuning on vanilla"
-  vote_and_prune ght-ps-no-gc vanilla
-  train ght-ps-no-gc "$OUT/votes/ght-ps-no-gc.pt" "$FT_UPDATES" "${PLAIN[@]}"
+  gha_vote_prune ght-ps-no-gc "$OUT/pruned/vanilla.pt" "$GROUPS_C"
+  trained ght-ps-no-gc "$OUT/votes/ght-ps-no-gc.pt" "$FT_UPDATES" "${PLAIN[@]}"
   row ght-ps-no-gc ght-ps-no-gc "vanilla, V2S, then $FT_UPDATES updates"
 fi
 
