@@ -4,6 +4,7 @@ import os
 import random
 import subprocess
 import sys
+from argparse import Namespace
 
 import pytest
 
@@ -134,6 +135,41 @@ def load(path, data):
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [path], arg_overrides={"data": data})
     return models[0].eval(), task
+
+
+def old_format(stock_checkpoint, path):
+    """``stock_checkpoint`` saved as fairseq 0.6 (2018) saved its published models, e.g.
+    wmt14.en-fr.joined-dict.transformer: options as an ``args`` Namespace (``lr`` a float,
+    ``min_lr``, ``raw_text``) without ``cfg``; one ``in_proj_weight``/``in_proj_bias``
+    per attention; the layers' layer norms as ``layer_norms.N``; ``decoder.embed_out``; the old
+    ``extra_state``."""
+    state = torch.load(stock_checkpoint, weights_only=False)
+    args = Namespace(**{k: v for k, v in vars(state["cfg"]["model"]).items()
+                        if not k.startswith("_")})
+    args.__dict__.update(arch="transformer", task="translation",
+                         source_lang="src", target_lang="tgt", raw_text=False, lr=0.005,
+                         criterion="label_smoothed_cross_entropy", optimizer="adam",
+                         lr_scheduler="inverse_sqrt", min_lr=1e-9)
+    sd = dict(state["model"])
+    for prefix in sorted({k[:-len("q_proj.weight")] for k in sd if k.endswith("q_proj.weight")}):
+        for t in ("weight", "bias"):
+            sd[f"{prefix}in_proj_{t}"] = torch.cat([sd.pop(f"{prefix}{p}_proj.{t}") for p in "qkv"])
+    norms = {"encoder": ["self_attn_layer_norm", "final_layer_norm"],
+             "decoder": ["self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"]}
+    for k in list(sd):
+        part = k.split(".")
+        if part[1] == "layers" and part[3] in norms.get(part[0], []):
+            n = norms[part[0]].index(part[3])
+            sd[".".join(part[:3] + ["layer_norms", str(n)] + part[4:])] = sd.pop(k)
+    projection = sd.pop("decoder.output_projection.weight")
+    if not args.share_decoder_input_output_embed:  # tied: the embedding alone
+        sd["decoder.embed_out"] = projection
+    torch.save({"args": args, "model": sd, "last_optimizer_state": {},
+                "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
+                                       "optimizer_name": "Adam", "num_updates": 30,
+                                       "lr_scheduler_state": {"best": 3.0}}],
+                "extra_state": {"epoch": 3, "batch_offset": 0, "val_loss": 3.0}}, path)
+    return path
 
 
 def batch(task, split="valid", max_sentences=8):

@@ -4,7 +4,7 @@ from argparse import Namespace
 
 import pytest
 import torch
-from conftest import assert_same_hypotheses, batch, beam_search, load, loss
+from conftest import assert_same_hypotheses, batch, beam_search, load, loss, old_format
 
 from fairseq_headprune.heads.layout import HeadLayout, attention_modules
 from fairseq_headprune.heads.spec import parse_head_spec
@@ -42,6 +42,37 @@ def test_converted_equals_stock(stock_checkpoint, converted, data_dir):
         assert torch.allclose(a, b, atol=1e-6)
     assert torch.allclose(loss(stock, task, sample), loss(ours, task, sample), atol=1e-6)
     assert_same_hypotheses(beam_search(stock, task, sample), beam_search(ours, task, sample))
+
+
+def test_convert_old_published_format(stock_checkpoint, data_dir, tmp_path):
+    """An args-style checkpoint with 2018 weight names (the published models Michel et al.
+    used) converts: today's names, options as ``cfg`` only (no ``args`` left to rebuild them
+    from on the next load), all heads listed; outputs equal stock fairseq's on the original,
+    and the result prunes."""
+    import fairseq_headprune.cli as entry
+
+    old = old_format(stock_checkpoint, str(tmp_path / "old.pt"))
+    stock, task = load(stock_checkpoint, data_dir)
+    upgraded_by_fairseq, _ = load(old, data_dir)  # the fixture is a format fairseq still reads
+    sample = batch(task)
+    for a, b in zip(outputs(stock, sample), outputs(upgraded_by_fairseq, sample)):
+        assert torch.equal(a, b)
+
+    out = str(tmp_path / "converted.pt")
+    entry.main(["convert", "--path", old, "-o", out])
+    raw = torch.load(out, weights_only=False)
+    assert raw["args"] is None and raw["cfg"]["model"].arch == "transformer_headprune"
+    assert not [k for k in raw["model"] if "in_proj" in k or "layer_norms" in k or "embed_out" in k]
+    assert all(raw["model"][k].device.type == "cpu" for k in raw["model"])
+    assert checkpoint_layout(load_checkpoint(out)).count() == 24
+    ours, _ = load(out, data_dir)
+    assert type(ours).__name__ == "HeadPruneTransformerModel"
+    for a, b in zip(outputs(stock, sample), outputs(ours, sample)):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert_same_hypotheses(beam_search(stock, task, sample), beam_search(ours, task, sample))
+    pruned = str(tmp_path / "pruned.pt")
+    entry.main(["prune", "--path", out, "--heads", "E:1:2", "-o", pruned])
+    assert checkpoint_layout(load_checkpoint(pruned)).count("E") == 7
 
 
 def test_open_gates_equal_stock_on_gated_path(stock_checkpoint, converted, data_dir):

@@ -16,7 +16,7 @@ import tarfile
 
 import pytest
 
-from conftest import BIN, REPO, TINY_MODEL, TRAIN, run
+from conftest import BIN, REPO, TINY_MODEL, TRAIN, old_format, run
 
 # a word-for-word toy language family: the models can learn it, the tokenizers meet hyphens,
 # apostrophes, punctuation and Cyrillic
@@ -129,8 +129,9 @@ def wmt_archives(root):
 
 def published_model(root, work):
     """fairseq/models/wmt14.en-fr.joined-dict.transformer.tar.bz2: one folder with model.pt (a
-    stock fairseq transformer with shared embeddings), dict.en.txt, dict.fr.txt and bpecodes,
-    trained here on Moses-tokenised, BPE-segmented toy en-fr."""
+    stock fairseq transformer with shared embeddings, trained here on Moses-tokenised,
+    BPE-segmented toy en-fr, saved in the 2018 format of the real one: conftest.old_format),
+    dict.en.txt, dict.fr.txt and bpecodes."""
     from fairseq_headprune.data.prepare import ApplyBPE, Moses, learn_bpe
 
     pairs = sentences(120, "fr", 60)
@@ -152,7 +153,8 @@ def published_model(root, work):
          "--save-dir", os.path.join(work, "ckpt"), "--no-epoch-checkpoints"])
     folder = "wmt14.en-fr.joined-dict.transformer"
     files = {f"{folder}/bpecodes": codes,
-             f"{folder}/model.pt": os.path.join(work, "ckpt", "checkpoint_last.pt"),
+             f"{folder}/model.pt": old_format(os.path.join(work, "ckpt", "checkpoint_last.pt"),
+                                             os.path.join(work, "model.pt")),
              f"{folder}/dict.en.txt": os.path.join(work, "bin", "dict.en.txt"),
              f"{folder}/dict.fr.txt": os.path.join(work, "bin", "dict.fr.txt")}
     blobs = {}
@@ -281,6 +283,45 @@ def test_reproduce_scripts(mirror, tmp_path):
         ("concat-32", ""), ("collab-256", ""), ("collab-128", ""), ("collab-64", ""),
         ("collab-32", ""), ("-", "collab-reparam-8")]
     assert [sum(r["heads"].values()) for r in rows if r["heads"]] == [24, 24]
+
+
+def test_reproduce_wmt14_branches(mirror, tmp_path):
+    """dsp.sh and gha.sh with DATASET=wmt14: fairseq's prepare-wmt14en2de.sh (valid: every 100th
+    training line) for DSP, GHA's copy (valid newstest2013, ##AT## compounds) for GHA, joined
+    dictionaries, and the WMT decoding of both papers (lenpen 0.6)."""
+    work = tmp_path
+    reproduce("dsp.sh", mirror, work, DATASET="wmt14", KEEP="50")
+    rows = table(work, "dsp-wmt14-ende")
+    assert [(r["row"], r["label"]) for r in rows] == [
+        ("baseline", "unpruned"), ("dsp-30M", ""), ("-", "dsp-joint-50"),
+        ("-", "dsp-pipelined-ft-50")]
+    assert [sum(r["heads"].values()) for r in rows if r["heads"]] == [24, 12, 12]
+
+    baseline = work / "dsp-wmt14-ende" / "runs" / "baseline" / "checkpoint_last.pt"
+    reproduce("gha.sh", mirror, work, DATASET="wmt14", ABLATION="0", BASELINE=str(baseline))
+    rows = table(work, "gha-wmt14-ende")
+    assert [(r["row"], r["label"]) for r in rows][:3] == [
+        ("vanilla", "unpruned"), ("ght", "ght"), ("ght-ps", "ght-ps")]
+    assert [sum(r["heads"].values()) for r in rows[:3]] == [24, 24, 12]  # C = 2 of 4 kept
+
+    text = work / "data" / "text"
+    with open(text / "wmt17_en_de" / "prepare.json", encoding="utf-8") as f:
+        fairseq_split = json.load(f)["lines"]
+    with open(text / "wmt17_en_de.gha" / "prepare.json", encoding="utf-8") as f:
+        gha_split = json.load(f)["lines"]
+    # 3 x 40 training pairs: fairseq's recipe moves 1 to valid; GHA's takes newstest2013's 6
+    assert fairseq_split == {"train": 119, "valid": 1, "test": 8}
+    assert gha_split == {"train": 120, "valid": 6, "test": 8}
+    with open(text / "wmt17_en_de.gha" / "train.en", encoding="utf-8") as f:
+        assert "well ##AT##-##AT## known" in f.read().replace("@@ ", "")
+    for name in ("wmt17_en_de", "wmt17_en_de.gha"):  # joined dictionary
+        dicts = [(work / "data" / "bin" / name / f"dict.{lang}.txt").read_text()
+                 for lang in ("en", "de")]
+        assert dicts[0] == dicts[1] and "haus" in dicts[0]
+    for name in ("dsp-wmt14-ende", "gha-wmt14-ende"):
+        with open(work / name / "eval.json", encoding="utf-8") as f:
+            config = json.load(f)["config"]
+        assert config["beam"] == 1 and config["lenpen"] == 0.6
 
 
 def test_clean_and_split_rules():

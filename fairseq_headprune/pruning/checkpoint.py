@@ -25,7 +25,13 @@ _BUFFER_SUFFIXES = ("version", "_float_tensor", "kept_heads")
 
 
 def load_checkpoint(path: str) -> dict:
-    """Load a fairseq checkpoint to CPU with fairseq's own upgrades, or fail in one sentence."""
+    """Load a fairseq checkpoint to CPU with fairseq's own upgrades, or fail in one sentence.
+
+    A checkpoint of fairseq before 0.10 keeps its options as ``args`` (a Namespace); fairseq's
+    loader converts them to ``cfg`` and leaves ``args`` beside it. ``args`` is dropped here, as
+    fairseq's own saving does: otherwise every later load would rebuild ``cfg`` from it, and
+    the changes a command makes to the options (convert's architecture name) would be lost.
+    """
     if os.path.isdir(path):
         raise HeadPruneError(f"checkpoint {path} is a directory, not a checkpoint file.")
     if not os.path.isfile(path):
@@ -40,6 +46,8 @@ def load_checkpoint(path: str) -> dict:
             f"{str(err).splitlines()[0] if str(err) else type(err).__name__}.") from err
     if not isinstance(state, dict) or "model" not in state or model_args(state) is None:
         raise HeadPruneError(f"{path} is not a fairseq checkpoint: it has no model and model options.")
+    if state.get("cfg") is not None:
+        state["args"] = None
     check_layout(state, path)
     return state
 

@@ -1,7 +1,11 @@
 """Turn a stock fairseq ``transformer*`` checkpoint into a ``transformer_headprune`` one."""
 
+import copy
+from argparse import Namespace
+
 import torch
-from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_MODEL_REGISTRY, build_model
 from fairseq.models.transformer import TransformerModel
 
 from fairseq_headprune.errors import HeadPruneError
@@ -22,10 +26,37 @@ def headprune_arch(stock_arch: str) -> str:
     return mirrored if mirrored in ARCH_MODEL_REGISTRY else ARCH
 
 
+OLD_NAMES = ("in_proj_weight", ".layer_norms.", "decoder.embed_out")
+
+
+def sized_dictionary(size: int) -> Dictionary:
+    d = Dictionary()
+    while len(d) < size:
+        d.add_symbol(f"w{len(d)}")
+    return d
+
+
+def upgrade_weights(state: dict, args):
+    """Rename an old stock checkpoint's weights as today's fairseq names them, with fairseq's own
+    ``upgrade_state_dict`` (which its loader applies on every load): one ``in_proj_weight`` per
+    attention split into q/k/v, the layers' ``layer_norms.N`` lists, ``decoder.embed_out``. Such
+    are the published models of 2018-2019 (wmt14.en-fr.joined-dict.transformer, Michel et al.'s);
+    the stock model that upgrades them is built on the meta device, so no memory is used."""
+    sd = state["model"]
+    if not any(name in k for k in sd for name in OLD_NAMES):
+        return
+    task = Namespace(source_dictionary=sized_dictionary(sd["encoder.embed_tokens.weight"].shape[0]),
+                     target_dictionary=sized_dictionary(sd["decoder.embed_tokens.weight"].shape[0]))
+    with torch.device("meta"):
+        model = build_model(copy.deepcopy(args), task)
+    model.upgrade_state_dict(sd)
+
+
 def convert_state(state: dict, path: str) -> dict:
     """Convert a loaded stock Transformer checkpoint in place; outputs stay identical.
 
-    The weights are untouched; the architecture name changes and every attention module gets its
+    The weights keep their values: an old checkpoint's names are upgraded first
+    (:func:`upgrade_weights`), the architecture name changes and every attention module gets its
     ``kept_heads`` buffer (all heads). The optimizer state is dropped.
     """
     arch, cls = model_class(state)
@@ -33,6 +64,7 @@ def convert_state(state: dict, path: str) -> dict:
         raise HeadPruneError(
             f"{path} holds a '{arch}' model; convert takes a stock fairseq transformer checkpoint.")
     args = model_args(state)
+    upgrade_weights(state, args)
     args.arch = args._name = headprune_arch(arch)
     sd = state["model"]
     heads = {"E": args.encoder_attention_heads, "D": args.decoder_attention_heads,
