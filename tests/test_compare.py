@@ -175,3 +175,17 @@ def test_readme_lines(compared):
     lines = timing_and_plot(out)  # compare alone writes no time.json: scripts/compare.sh does
     assert lines.startswith("Running time not measured.")
     assert f"({os.path.join(out, 'compare.png')})" in lines
+
+
+def test_lenpen_is_recorded_and_shown(compared, tmp_path):
+    """A comparison decoded with --lenpen says so under its table; the default (1) keeps the
+    configuration of files written before the option, so they resume."""
+    from fairseq_headprune.evaluation.compare import markdown
+
+    out, result, _ = compared
+    assert "lenpen" not in result["config"]
+    assert ", beam 5; sacrebleu" in markdown(os.path.join(out, "compare.json"))
+    result["config"]["lenpen"] = 0.6
+    path = tmp_path / "compare.json"
+    path.write_text(json.dumps(result))
+    assert ", beam 5, lenpen 0.6; sacrebleu" in markdown(str(path))

@@ -326,7 +326,9 @@ def markdown(path: str) -> str:
                       f"{s['speedup']:.2f}x" if s else ""]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append(f"\nBLEU and chrF on {base['sentences']} sentences of '{config['subset']}', "
-                 f"beam {config['beam']}; sacrebleu `{base['signature']}` and "
+                 f"beam {config['beam']}"
+                 + (f", lenpen {config['lenpen']:g}" if "lenpen" in config else "")
+                 + f"; sacrebleu `{base['signature']}` and "
                  f"`{base['chrf_signature']}`. p: sacrebleu's paired bootstrap resampling against "
                  f"`{sig['against']}` ({sig['n_samples']} resamples, seed {sig['seed']}; "
                  f"`{sig['signatures']['bleu']}`); * marks p < 0.05; \"equal\": the same score "
