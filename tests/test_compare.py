@@ -189,3 +189,37 @@ def test_lenpen_is_recorded_and_shown(compared, tmp_path):
     path = tmp_path / "compare.json"
     path.write_text(json.dumps(result))
     assert ", beam 5, lenpen 0.6; sacrebleu" in markdown(str(path))
+
+
+def test_readings_by_hand(tmp_path):
+    """The bullets under the README's table, on hand-made rows: runs per budget by BLEU, the
+    best one that removes heads (collaborative attention removes none) against the baseline and
+    the control, and the speedups at the largest batch, per kind of run."""
+    from fairseq_headprune.evaluation.compare import readings
+
+    def row(label, bleu, p, speedups, key_dims=None):
+        return {"label": label, "method": label.split("/")[0], "bleu": bleu,
+                "bleu_delta": round(bleu - 30.0, 2), "key_dims": key_dims or {},
+                "significance": {"bleu": {"p_value": p}},
+                "speed": {"rows": [{"batch_size": b, "speedup": x} for b, x in speedups]}}
+
+    rows = [row("unpruned", 30.0, None, [(1, 1.0), (64, 1.0)]),
+            row("control", 31.5, 0.001, [(1, 1.0), (64, 0.98)]),
+            row("michel/50", 27.25, 0.001, [(1, 1.1), (64, 1.3)]),
+            row("voita/50", 28.0, 0.02, [(1, 1.0), (64, 1.2)]),
+            row("collab/50", 29.5, 0.2, [(1, 0.8), (64, 0.9)], {"E": 64}),
+            row("michel/25", 20.0, 0.001, [(1, 1.2), (64, 1.5)]),
+            row("collab/100", 30.0, None, [(1, 0.8), (64, 1.05)], {"E": 128})]
+    rows[-1]["significance"]["bleu"]["equal"] = True
+    path = tmp_path / "compare.json"
+    path.write_text(json.dumps({"rows": rows}))
+    assert readings(str(path)).splitlines() == [
+        "- `*/25`: michel 20.00; best that removes heads: michel, -10.00 BLEU against unpruned "
+        "(p 0.001*), -11.50 against control.",
+        "- `*/50`: collab 29.50, voita 28.00, michel 27.25; best that removes heads: voita, "
+        "-2.00 BLEU against unpruned (p 0.020*), -3.50 against control.",
+        "- `*/100`: collab 30.00.",
+        "- decoding speed at batch 64, runs that remove heads: 1.20x to 1.50x of unpruned "
+        "(medians of the rounds).",
+        "- decoding speed at batch 64, collaborative runs: 0.90x to 1.05x of unpruned (medians "
+        "of the rounds)."]

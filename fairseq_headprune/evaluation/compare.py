@@ -348,6 +348,53 @@ def markdown(path: str) -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
+def readings(path: str) -> str:
+    """Bullets under a ``compare.json``'s table, every number read from it: per budget (the
+    SETTING of ``METHOD/SETTING`` labels) the runs by BLEU, and the best one that removes heads
+    against the baseline (with its p) and against a run labelled ``control``; then the spread of
+    the speedups at the largest batch size timed."""
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        rows = json.load(f)["rows"]
+    base = rows[0]
+    control = next((r for r in rows[1:] if r["label"] == "control"), None)
+    budgets: Dict[str, List[Dict]] = {}
+    for r in rows[1:]:
+        _, sep, setting = r["label"].partition("/")
+        if sep:
+            budgets.setdefault(setting, []).append(r)
+
+    def order(setting):
+        try:
+            return 0, float(setting), setting
+        except ValueError:
+            return 1, 0.0, setting
+
+    lines = []
+    for setting in sorted(budgets, key=order):
+        runs = sorted(budgets[setting], key=lambda r: (-r["bleu"], r["label"]))
+        line = f"- `*/{setting}`: " + ", ".join(f"{r['method']} {r['bleu']:.2f}" for r in runs)
+        removing = [r for r in runs if not r["key_dims"]]
+        if removing:
+            best = removing[0]
+            line += (f"; best that removes heads: {best['method']}, {best['bleu_delta']:+.2f} "
+                     f"BLEU against {base['label']} (p {_p(best['significance']['bleu'])})")
+            if control:
+                line += f", {best['bleu'] - control['bleu']:+.2f} against {control['label']}"
+        lines.append(line + ".")
+    timed = [r for r in rows[1:] if r["speed"] and r["label"] != "control"]
+    if timed:
+        batch = max(s["batch_size"] for s in timed[0]["speed"]["rows"])
+        for removes, what in ((True, "runs that remove heads"), (False, "collaborative runs")):
+            ups = [s["speedup"] for r in timed if bool(not r["key_dims"]) == removes
+                   for s in r["speed"]["rows"] if s["batch_size"] == batch]
+            if ups:
+                lines.append(f"- decoding speed at batch {batch}, {what}: {min(ups):.2f}x to "
+                             f"{max(ups):.2f}x of {base['label']} (medians of the rounds).")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
 def plot(path: str, rows: List[Dict]):
     """BLEU against the share kept, one line per method; the baseline as a dotted line."""
     from fairseq_headprune.evaluation.plots import bleu_figure, save_bleu_figure

@@ -123,6 +123,7 @@ def summarize(out_dir: str) -> str:
             lines.append("\n" + intro + "\n")
             lines.append(module.markdown(path))
             if module is compare:
+                lines.append(compare.readings(path))
                 lines.append(compare.timing_and_plot(os.path.join(out_dir, name)))
     return "\n".join(lines) + "\n"
 
