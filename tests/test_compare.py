@@ -194,11 +194,15 @@ def test_lenpen_is_recorded_and_shown(compared, tmp_path):
 def test_readings_by_hand(tmp_path):
     """The bullets under the README's table, on hand-made rows: runs per budget by BLEU, the
     best one that removes heads (collaborative attention removes none) against the baseline and
-    the control, and the speedups at the largest batch, per kind of run."""
-    from fairseq_headprune.evaluation.compare import readings
+    the control, and the speedups at the largest batch, per kind of run; and one method's line
+    for the README's paper sections."""
+    from fairseq_headprune.errors import HeadPruneError
+    from fairseq_headprune.evaluation.compare import method_line, readings
 
     def row(label, bleu, p, speedups, key_dims=None):
+        share = float(label.split("/")[1]) if "/" in label else 100.0
         return {"label": label, "method": label.split("/")[0], "bleu": bleu,
+                "share_kept_percent": share,
                 "bleu_delta": round(bleu - 30.0, 2), "key_dims": key_dims or {},
                 "significance": {"bleu": {"p_value": p}},
                 "speed": {"rows": [{"batch_size": b, "speedup": x} for b, x in speedups]}}
@@ -209,7 +213,7 @@ def test_readings_by_hand(tmp_path):
             row("voita/50", 28.0, 0.02, [(1, 1.0), (64, 1.2)]),
             row("collab/50", 29.5, 0.2, [(1, 0.8), (64, 0.9)], {"E": 64}),
             row("michel/25", 20.0, 0.001, [(1, 1.2), (64, 1.5)]),
-            row("collab/100", 30.0, None, [(1, 0.8), (64, 1.05)], {"E": 128})]
+            row("collab/100", 30.0, 0.001, [(1, 0.8), (64, 1.05)], {"E": 128})]
     rows[-1]["significance"]["bleu"]["equal"] = True
     path = tmp_path / "compare.json"
     path.write_text(json.dumps({"rows": rows}))
@@ -223,3 +227,12 @@ def test_readings_by_hand(tmp_path):
         "(medians of the rounds).",
         "- decoding speed at batch 64, collaborative runs: 0.90x to 1.05x of unpruned (medians "
         "of the rounds)."]
+    assert method_line(str(path), "michel") == (
+        "In the comparison of all methods on the CPU demo model, michel: 25 % of the heads kept "
+        "20.00 (-10.00, p 0.001*), 50 % of the heads kept 27.25 (-2.75, p 0.001*); unpruned "
+        "30.00, control (fine-tuned as long as any run) 31.50.\n")
+    assert method_line(str(path), "collab").startswith(
+        "In the comparison of all methods on the CPU demo model, collab: 50 % of the key size "
+        "kept 29.50 (-0.50, p 0.200), 100 % of the key size kept 30.00 (+0.00, p equal);")
+    with pytest.raises(HeadPruneError, match="has no run of method 'dsp'"):
+        method_line(str(path), "dsp")

@@ -395,6 +395,29 @@ def readings(path: str) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
+def method_line(path: str, method: str) -> str:
+    """One sentence of a ``compare.json`` on one method, for the README beside its paper: its
+    BLEU at every budget with the difference to the baseline and p, and the control's BLEU."""
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        rows = json.load(f)["rows"]
+    base = rows[0]
+    runs = [r for r in rows[1:] if r["method"] == method and "/" in r["label"]]
+    if not runs:
+        raise HeadPruneError(f"{path} has no run of method {method!r}.")
+    control = next((r for r in rows[1:] if r["label"] == "control"), None)
+    unit = "of the key size" if runs[0]["key_dims"] else "of the heads"
+    cells = ", ".join(f"{r['share_kept_percent']:g} % {unit} kept {r['bleu']:.2f} "
+                      f"({r['bleu_delta']:+.2f}, p {_p(r['significance']['bleu'])})"
+                      for r in sorted(runs, key=lambda r: r["share_kept_percent"]))
+    text = (f"In the comparison of all methods on the CPU demo model, {method}: {cells}; "
+            f"{base['label']} {base['bleu']:.2f}")
+    if control:
+        text += f", {control['label']} (fine-tuned as long as any run) {control['bleu']:.2f}"
+    return text + ".\n"
+
+
 def plot(path: str, rows: List[Dict]):
     """BLEU against the share kept, one line per method; the baseline as a dotted line."""
     from fairseq_headprune.evaluation.plots import bleu_figure, save_bleu_figure
