@@ -146,8 +146,10 @@ def old_format(stock_checkpoint, path):
     state = torch.load(stock_checkpoint, weights_only=False)
     args = Namespace(**{k: v for k, v in vars(state["cfg"]["model"]).items()
                         if not k.startswith("_")})
-    args.__dict__.update(arch="transformer", task="translation",
-                         source_lang="src", target_lang="tgt", raw_text=False, lr=0.005,
+    task = state["cfg"]["task"]
+    args.__dict__.update(arch="transformer", task="translation", data=task["data"],
+                         source_lang=task["source_lang"], target_lang=task["target_lang"],
+                         raw_text=False, lr=0.005,
                          criterion="label_smoothed_cross_entropy", optimizer="adam",
                          lr_scheduler="inverse_sqrt", min_lr=1e-9)
     sd = dict(state["model"])
