@@ -25,6 +25,7 @@ benchmarks only runs that are new or whose checkpoint changed, then rewrites ``c
 import contextlib
 import csv
 import io
+import json
 import logging
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -292,10 +293,7 @@ def _p(test: Dict) -> str:
 
 def markdown(path: str) -> str:
     """The Markdown table of a ``compare.json`` (``compare.md``, and the README's section)."""
-    import json
-
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+    data = _read(path)
     rows, config = data["rows"], data["config"]
     sig = config["significance"]
     base = rows[0]
@@ -348,17 +346,23 @@ def markdown(path: str) -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
+def _read(path: str) -> Dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _control(rows: List[Dict]) -> Optional[Dict]:
+    """The run labelled ``control`` (the unpruned model trained as long as any run), if any."""
+    return next((r for r in rows[1:] if r["label"] == "control"), None)
+
+
 def readings(path: str) -> str:
     """Bullets under a ``compare.json``'s table, every number read from it: per budget (the
     SETTING of ``METHOD/SETTING`` labels) the runs by BLEU, and the best one that removes heads
     against the baseline (with its p) and against a run labelled ``control``; then the spread of
     the speedups at the largest batch size timed."""
-    import json
-
-    with open(path, encoding="utf-8") as f:
-        rows = json.load(f)["rows"]
-    base = rows[0]
-    control = next((r for r in rows[1:] if r["label"] == "control"), None)
+    rows = _read(path)["rows"]
+    base, control = rows[0], _control(rows)
     budgets: Dict[str, List[Dict]] = {}
     for r in rows[1:]:
         _, sep, setting = r["label"].partition("/")
@@ -387,7 +391,7 @@ def readings(path: str) -> str:
     if timed:
         batch = max(s["batch_size"] for s in timed[0]["speed"]["rows"])
         for removes, what in ((True, "runs that remove heads"), (False, "collaborative runs")):
-            ups = [s["speedup"] for r in timed if bool(not r["key_dims"]) == removes
+            ups = [s["speedup"] for r in timed if (not r["key_dims"]) == removes
                    for s in r["speed"]["rows"] if s["batch_size"] == batch]
             if ups:
                 lines.append(f"- decoding speed at batch {batch}, {what}: {min(ups):.2f}x to "
@@ -398,15 +402,11 @@ def readings(path: str) -> str:
 def method_line(path: str, method: str) -> str:
     """One sentence of a ``compare.json`` on one method, for the README beside its paper: its
     BLEU at every budget with the difference to the baseline and p, and the control's BLEU."""
-    import json
-
-    with open(path, encoding="utf-8") as f:
-        rows = json.load(f)["rows"]
-    base = rows[0]
+    rows = _read(path)["rows"]
+    base, control = rows[0], _control(rows)
     runs = [r for r in rows[1:] if r["method"] == method and "/" in r["label"]]
     if not runs:
         raise HeadPruneError(f"{path} has no run of method {method!r}.")
-    control = next((r for r in rows[1:] if r["label"] == "control"), None)
     unit = "of the key size" if runs[0]["key_dims"] else "of the heads"
     cells = ", ".join(f"{r['share_kept_percent']:g} % {unit} kept {r['bleu']:.2f} "
                       f"({r['bleu_delta']:+.2f}, p {_p(r['significance']['bleu'])})"
@@ -439,13 +439,10 @@ def timing_and_plot(folder: str) -> str:
     """The README lines below a comparison's table: how long ``scripts/compare.sh`` took (its
     ``time.json``; only a run that started from nothing says how long the whole takes) and
     the plot, linked by ``folder`` (a path relative to the README)."""
-    import json
-
     lines = []
     timing = os.path.join(folder, "time.json")
     if os.path.exists(timing):
-        with open(timing, encoding="utf-8") as f:
-            t = json.load(f)
+        t = _read(timing)
         if t.get("fresh"):
             where = f"{t['cpus']} CPU cores" if t["device"] == "cpu" else t["device"]
             lines.append(f"`scripts/compare.sh` took {t['seconds'] / 60:.0f} minutes on {where} "

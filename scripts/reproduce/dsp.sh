@@ -18,8 +18,9 @@
 # paper's), fairseq's IWSLT recipe (Adam 0.9/0.98, lr 5e-4, inverse_sqrt, warm-up 4000, dropout
 # 0.3, weight decay 1e-4, label smoothing 0.1, 4096 tokens, shared decoder embeddings), beam 5.
 # WMT: transformer base, shared embeddings, lr 7e-4, dropout 0.1, 4096 tokens x update-freq for
-# 32768 tokens per update (GHA's WMT setting), beam 4, lenpen 0.6 (IWSLT: 1). DSP: --subset-lr 0.2 (--pruning-lr),
-# tau 0.1 -> 1e-8 over the run; pipelined logits 250 updates (the authors' README).
+# 32768 tokens per update (GHA's WMT setting), beam 4, lenpen 0.6 (IWSLT: 1). DSP: --subset-lr
+# 0.2 (--pruning-lr), tau 0.1 -> 1e-8 over the run; pipelined logits 250 updates (the authors'
+# README).
 # Training lengths are ours (the papers give epochs or nothing): BASE_UPDATES, FT_UPDATES.
 # Cost (estimate): IWSLT: 50k updates ~ 3-4 GPU hours per run; baseline + 2 per KEEP (joint,
 # fine-tuning) with KEEP="25 50": about 15-20 GPU hours. WMT: 100k updates at 32k tokens ~ 20 GPU
@@ -66,8 +67,7 @@ row unpruned baseline "baseline"
 TOTAL=$(heads_total "$BASELINE")
 
 for keep in $KEEP; do
-  k=$("$PY" -c 'import sys; print(max(1, round(float(sys.argv[1]) / 100 * int(sys.argv[2]))))' \
-      "$keep" "$TOTAL")
+  k=$(percent_of "$keep" "$TOTAL"); [ "$k" -ge 1 ] || k=1
   echo "== 2/4 DSP joint from scratch, keep $k of $TOTAL heads ($keep %)"
   train "dsp-joint-$keep" "$BASE_UPDATES" "${COMMON[@]}" "${SUBSET[@]}" --subset-heads "$k" \
     --subset-anneal-updates "${MAX_UPDATE:-$BASE_UPDATES}"
